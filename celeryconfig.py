@@ -1,0 +1,35 @@
+"""Celery settings for taskloop workers and clients (the defaults; edit to taste).
+
+taskloop loads this module (or the one named by TASKLOOP_CELERY_CONFIG) when it is importable.
+TASKLOOP_BROKER_URL / TASKLOOP_REDIS_URL, when set, override broker_url. The settings marked
+"required" are forced by taskloop whatever this file says, because its guarantees rest on them.
+Reasons for each are in docs/operations.md.
+"""
+
+# Broker: Redis by default (TASKLOOP_BROKER_URL, else TASKLOOP_REDIS_URL, else this).
+broker_url = "redis://127.0.0.1:6379/0"
+
+# JSON only (required): messages carry ids, never user payloads, and never pickle.
+task_serializer = "json"
+accept_content = ["json"]
+
+# Acknowledge after the phase ran, and re-queue it if the worker process dies (required).
+task_acks_late = True
+task_reject_on_worker_lost = True
+
+# One message at a time per process: a long phase never holds others hostage.
+worker_prefetch_multiplier = 1
+
+# taskloop keeps its own results in Redis: no Celery result backend traffic.
+task_ignore_result = True
+
+# Flower: workers send task events, and a "sent" event for every dispatch.
+worker_send_task_events = True
+task_send_sent_event = True
+
+# An unacknowledged message comes back after visibility_timeout. Keep it above the longest
+# timeout_ms of your tasks; taskloop's own leases and reconciler recover much sooner.
+broker_transport_options = {"visibility_timeout": 3600}
+
+task_default_queue = "taskloop"
+broker_connection_retry_on_startup = True

@@ -1,0 +1,3 @@
+from taskloop.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""Runtime settings, read from the environment once per process (see docs/operations.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = field(default_factory=lambda: os.environ.get("TASKLOOP_REDIS_URL") or DEFAULT_REDIS_URL)
+    broker_url: str = ""
+    imports: tuple[str, ...] = field(
+        default_factory=lambda: tuple(
+            m.strip() for m in os.environ.get("TASKLOOP_IMPORTS", "").split(",") if m.strip()
+        )
+    )
+    # How long finished runs are kept (seconds).
+    retention_s: int = field(default_factory=lambda: _int("TASKLOOP_RETENTION_S", 7 * 24 * 3600))
+    # delete_on_success: a done run's records are dropped this long after it ends, so that a
+    # client blocked in wait() can still read the result.
+    success_grace_s: int = field(default_factory=lambda: _int("TASKLOOP_SUCCESS_GRACE_S", 60))
+    # Lease of a phase whose message is queued: after this the reconciler sends it again.
+    queued_lease_s: float = field(default_factory=lambda: _float("TASKLOOP_QUEUED_LEASE_S", 300.0))
+    # Lease of a running phase, renewed while the callback runs; a dead worker's phase is
+    # replayed once its lease has expired.
+    running_lease_s: float = field(default_factory=lambda: _float("TASKLOOP_LEASE_S", 30.0))
+    # How often a worker polls for cancellation of the phases it runs.
+    watch_interval_s: float = field(default_factory=lambda: _float("TASKLOOP_WATCH_INTERVAL_S", 0.2))
+    # A phase executed this many times without recording an outcome is failed.
+    max_executions: int = field(default_factory=lambda: _int("TASKLOOP_MAX_EXECUTIONS", 5))
+    # Hard limit = timeout + grace: how long a callback that ignores ctx.signal may overrun.
+    timeout_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_TIMEOUT_GRACE_S", 2.0))
+
+    def __post_init__(self) -> None:
+        if not self.broker_url:
+            broker = os.environ.get("TASKLOOP_BROKER_URL") or self.redis_url
+            object.__setattr__(self, "broker_url", broker)
+
+
+_settings: Settings | None = None
+
+
+def settings() -> Settings:
+    global _settings
+    if _settings is None:
+        _settings = Settings()
+    return _settings
+
+
+def reset() -> None:
+    """Forget the cached settings (tests, or after changing the environment)."""
+    global _settings
+    _settings = None

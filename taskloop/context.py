@@ -1,0 +1,125 @@
+"""What a callback receives: TaskContext (plain tasks, conditions, cache keys) and LoopContext."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from taskloop.definitions import Task, task_key
+from taskloop.errors import Cancelled, DefinitionError
+
+
+class Signal:
+    """Cancellation of the running phase: by ``client.cancel`` (its reason), by a failed task under
+    ``stop_on_error`` (reason ``stopped``), or by the task's timeout (reason ``timeout``)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise Cancelled(self._reason or "cancelled")
+
+    def wait(self, seconds: float | None = None) -> bool:
+        """Sleep up to ``seconds`` (None: until cancelled); True when the phase was cancelled."""
+        return self._event.wait(seconds)
+
+    def set(self, reason: str) -> None:
+        """Cancel the phase. The first reason wins."""
+        with self._lock:
+            if not self._event.is_set():
+                self._reason = reason
+                self._event.set()
+
+
+class UsageSink(Protocol):
+    def report(self, counts: dict[str, int]) -> None: ...
+
+    def report_once(self, receipt: str, counts: dict[str, int]) -> bool: ...
+
+
+def _usage(input: object, cached: object, output: object) -> dict[str, int]:
+    counts = {"input": input, "cached": cached, "output": output}
+    for name, value in counts.items():
+        if type(value) is not int or value < 0:
+            raise DefinitionError(
+                f"ctx.report_usage: {name} must be a non-negative integer token count, got {value!r}"
+            )
+    return counts  # type: ignore[return-value]
+
+
+class TaskContext:
+    """Context of a plain task's run, and of any condition or cache key (with attempt 0)."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        key: str,
+        input: Any,
+        attempt: int,
+        signal: Signal,
+        idempotency_key: str,
+        after: tuple[str, ...],
+        load_value: Callable[[str], Any],
+        usage: UsageSink,
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.key = key
+        self.input = input
+        self.attempt = attempt
+        self.signal = signal
+        self.idempotency_key = idempotency_key
+        self._after = after
+        self._load_value = load_value
+        self._usage = usage
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.workflow}/{self.key} run={self.run_id} attempt={self.attempt}>"
+
+    def value(self, task: Task | str) -> Any:
+        """The value of a task listed in this task's ``after``."""
+        key = task_key(task)
+        if key not in self._after:
+            raise DefinitionError(
+                f"task {self.key} cannot read the value of {key!r}: ctx.value only reads tasks named "
+                f"in after=; add {key!r} to after= of {self.key}"
+            )
+        return self._load_value(key)
+
+    def report_usage(self, input: int = 0, cached: int = 0, output: int = 0) -> None:
+        """Add token usage to the run's ``result.usage`` (and its token budget)."""
+        self._usage.report(_usage(input, cached, output))
+
+    def report_usage_once(self, receipt: str, input: int = 0, cached: int = 0, output: int = 0) -> bool:
+        """Like report_usage, but a receipt id is counted once per run, across replays.
+        Returns False when the receipt was already counted."""
+        if not isinstance(receipt, str) or not receipt:
+            raise DefinitionError("ctx.report_usage_once: receipt must be a non-empty string id")
+        return self._usage.report_once(receipt, _usage(input, cached, output))
+
+
+class LoopContext(TaskContext):
+    """Context of a loop task's attempt or check: adds ``round`` (1-based) and ``phase``."""
+
+    def __init__(self, *, round: int, phase: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.round = round
+        self.phase = phase
+
+    def __repr__(self) -> str:
+        return (f"<LoopContext {self.workflow}/{self.key} run={self.run_id} round={self.round} "
+                f"phase={self.phase}>")

@@ -1,0 +1,424 @@
+"""Declarations: define_task, define_loop_task, define_gate, define_workflow, and the registry.
+
+Everything here is validated at definition time and raises `DefinitionError` with a message
+that names the field and the fix. Workers find callbacks through the registry, keyed by
+workflow name and version, so the module that defines a workflow must be importable by them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from taskloop.errors import DefinitionError, WorkflowNotRegistered
+from taskloop.jsonvalue import canonical
+from taskloop.options import Budget, Cache, Retry, check_timeout_ms, is_safe_int
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+GATE_KINDS = ("approval", "pause", "input")
+
+
+class TaskKind(str, Enum):
+    TASK = "task"
+    LOOP = "loop"
+    GATE = "gate"
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """One declared unit of work. Build it with define_task, define_loop_task or define_gate."""
+
+    key: str
+    kind: TaskKind
+    after: tuple[str, ...] = ()
+    run: Callable[..., Any] | None = None
+    attempt: Callable[..., Any] | None = None
+    check: Callable[..., Any] | None = None
+    max_rounds: int | None = None
+    condition: Callable[..., Any] | None = None
+    timeout_ms: int | None = None
+    retry: Retry | None = None
+    cache: Cache | None = None
+    queue: str | None = None
+    gate_kind: str | None = None
+    prompt: str | None = None
+    actors: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<{self.kind.value} {self.key}>"
+
+    @property
+    def is_loop(self) -> bool:
+        return self.kind is TaskKind.LOOP
+
+    @property
+    def is_gate(self) -> bool:
+        return self.kind is TaskKind.GATE
+
+    def describe(self) -> dict[str, Any]:
+        """The shape that the definition fingerprint covers (no callables, only their presence)."""
+        return {
+            "key": self.key,
+            "kind": self.kind.value,
+            "after": list(self.after),
+            "max_rounds": self.max_rounds,
+            "timeout_ms": self.timeout_ms,
+            "retry": self.retry.describe() if self.retry else None,
+            "condition": self.condition is not None,
+            "cache": self.cache.describe() if self.cache else None,
+            "gate": self.gate_kind,
+            "actors": list(self.actors),
+        }
+
+
+TaskRef = Task | str
+
+
+def task_key(ref: TaskRef) -> str:
+    if isinstance(ref, Task):
+        return ref.key
+    if isinstance(ref, str):
+        return ref
+    raise DefinitionError(f"expected a task or a task key, got {ref!r}")
+
+
+def _check_key(key: object, what: str = "task key") -> str:
+    if not isinstance(key, str) or not NAME_PATTERN.match(key):
+        raise DefinitionError(
+            f"{what} {key!r} is invalid: it must match [A-Za-z0-9][A-Za-z0-9._-]* "
+            "(start with a letter or digit; then letters, digits, '.', '_' or '-')"
+        )
+    return key
+
+
+def _check_after(key: str, after: Iterable[TaskRef] | None) -> tuple[str, ...]:
+    if after is None:
+        return ()
+    if isinstance(after, Task | str):
+        raise DefinitionError(f"task {key}: after must be a list of tasks, e.g. after=[{after!r}]")
+    keys = tuple(task_key(ref) for ref in after)
+    if key in keys:
+        raise DefinitionError(f"task {key} cannot run after itself; remove {key!r} from after")
+    if len(set(keys)) != len(keys):
+        raise DefinitionError(f"task {key}: after lists a task twice; list each dependency once")
+    return keys
+
+
+def _check_callable(value: object, message: str) -> None:
+    if not callable(value):
+        raise DefinitionError(message)
+
+
+def _check_common(
+    key: str,
+    condition: object,
+    timeout_ms: object,
+    cache: object,
+    queue: object,
+) -> None:
+    if condition is not None:
+        _check_callable(condition, f"task {key}: condition must be a callable (ctx) -> bool")
+    check_timeout_ms(timeout_ms, f"task {key}")
+    if cache is not None and not isinstance(cache, Cache):
+        raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {cache!r}")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise DefinitionError(f"task {key}: queue must be a non-empty queue name, got {queue!r}")
+
+
+def define_task(
+    key: str,
+    run: Callable[..., Any],
+    *,
+    after: Iterable[TaskRef] = (),
+    condition: Callable[..., Any] | None = None,
+    timeout_ms: int | None = None,
+    retry: Retry | None = None,
+    cache: Cache | None = None,
+    queue: str | None = None,
+) -> Task:
+    """Declare a plain task: ``run(ctx)`` returns its (lossless JSON) value."""
+    _check_key(key)
+    _check_callable(run, f"define_task requires a run callback: task {key}: run must be callable")
+    _check_common(key, condition, timeout_ms, cache, queue)
+    if retry is not None and not isinstance(retry, Retry):
+        raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {retry!r}")
+    return Task(
+        key=key,
+        kind=TaskKind.TASK,
+        after=_check_after(key, after),
+        run=run,
+        condition=condition,
+        timeout_ms=timeout_ms,
+        retry=retry,
+        cache=cache,
+        queue=queue,
+    )
+
+
+def define_loop_task(
+    key: str,
+    *,
+    max_rounds: int,
+    attempt: Callable[..., Any],
+    check: Callable[..., Any],
+    after: Iterable[TaskRef] = (),
+    condition: Callable[..., Any] | None = None,
+    timeout_ms: int | None = None,
+    cache: Cache | None = None,
+    queue: str | None = None,
+    retry: object = None,
+) -> Task:
+    """Declare a loop task: attempt(ctx, feedback) then check(ctx, candidate), at most max_rounds."""
+    _check_key(key)
+    if not is_safe_int(max_rounds):
+        raise DefinitionError(
+            f"task {key}: max_rounds must be a positive safe integer (1 .. 2**53-1), got {max_rounds!r}"
+        )
+    if not callable(attempt) or not callable(check):
+        raise DefinitionError(f"define_loop_task requires attempt and check callbacks (task {key})")
+    if retry is not None:
+        raise DefinitionError(
+            f"task {key}: loop tasks have no retry option (a round is the retry); "
+            "remove retry= or raise max_rounds"
+        )
+    _check_common(key, condition, timeout_ms, cache, queue)
+    return Task(
+        key=key,
+        kind=TaskKind.LOOP,
+        after=_check_after(key, after),
+        attempt=attempt,
+        check=check,
+        max_rounds=max_rounds,
+        condition=condition,
+        timeout_ms=timeout_ms,
+        cache=cache,
+        queue=queue,
+    )
+
+
+def define_gate(
+    key: str,
+    *,
+    kind: str = "approval",
+    prompt: str,
+    actors: Iterable[str] = (),
+    after: Iterable[TaskRef] = (),
+    condition: object = None,
+    retry: object = None,
+    timeout_ms: object = None,
+    cache: object = None,
+) -> Task:
+    """Declare a human gate: the run waits in status ``waiting`` until ``client.decide``."""
+    _check_key(key)
+    if any(option is not None for option in (condition, retry, timeout_ms, cache)):
+        raise DefinitionError(
+            f"gate {key}: gates cannot use conditions, retries, timeouts or caches; remove them"
+        )
+    if kind not in GATE_KINDS:
+        raise DefinitionError(f"gate {key}: kind must be one of {GATE_KINDS}, got {kind!r}")
+    if not isinstance(prompt, str) or not prompt:
+        raise DefinitionError(f"gate {key}: prompt must be a non-empty string")
+    if isinstance(actors, str):
+        raise DefinitionError(f"gate {key}: actors must be a list of names, e.g. actors=[{actors!r}]")
+    actor_names = tuple(actors)
+    if not all(isinstance(a, str) and a for a in actor_names):
+        raise DefinitionError(f"gate {key}: actors must be non-empty strings, got {actor_names!r}")
+    return Task(
+        key=key,
+        kind=TaskKind.GATE,
+        after=_check_after(key, after),
+        gate_kind=kind,
+        prompt=prompt,
+        actors=actor_names,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Workflow:
+    """A validated DAG of tasks, registered by name and version."""
+
+    name: str
+    version: str
+    tasks: tuple[Task, ...]
+    budget: Budget | None = None
+    stop_on_error: bool = True
+    delete_on_success: bool = False
+    observers: tuple[Callable[..., Any], ...] = ()
+    by_key: dict[str, Task] = field(default_factory=dict, repr=False)
+    dependents: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    order: tuple[str, ...] = field(default=(), repr=False)
+    fingerprint: str = field(default="", repr=False)
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name} v{self.version}: {', '.join(self.order)}>"
+
+    def task(self, key: str) -> Task:
+        try:
+            return self.by_key[key]
+        except KeyError:
+            raise DefinitionError(
+                f"workflow {self.name} v{self.version} has no task {key!r}; its tasks are "
+                f"{sorted(self.by_key)}"
+            ) from None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "tasks": [self.by_key[k].describe() for k in self.order],
+            "budget": self.budget.model_dump() if self.budget else None,
+            "stop_on_error": self.stop_on_error,
+        }
+
+    def mermaid(self) -> str:
+        """The workflow as a Mermaid flowchart (``taskloop graph``)."""
+        lines = ["flowchart TD"]
+        for key in self.order:
+            task = self.by_key[key]
+            label = {
+                TaskKind.TASK: f'{key}["{key}"]',
+                TaskKind.LOOP: f'{key}(["{key} (loop, max {task.max_rounds} rounds)"])',
+                TaskKind.GATE: f'{key}{{"{key} ({task.gate_kind} gate)"}}',
+            }[task.kind]
+            lines.append(f"    {label}")
+            for dep in task.after:
+                lines.append(f"    {dep} --> {key}")
+        return "\n".join(lines)
+
+
+def _topological_order(name: str, tasks: dict[str, Task]) -> tuple[str, ...]:
+    """Depth-first topological sort that reports the first cycle it finds, by name."""
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    path: list[str] = []
+
+    def visit(key: str) -> None:
+        state[key] = 1
+        path.append(key)
+        for dep in tasks[key].after:
+            if state.get(dep) == 1:
+                cycle = [*path[path.index(dep):], dep]
+                raise DefinitionError(
+                    f"workflow {name} has a dependency cycle: {' -> '.join(cycle)}; "
+                    "remove one of these after= links"
+                )
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[key] = 2
+        order.append(key)
+
+    for key in tasks:
+        if key not in state:
+            visit(key)
+    return tuple(order)
+
+
+def define_workflow(
+    name: str,
+    *,
+    version: str,
+    tasks: Sequence[Task],
+    budget: Budget | None = None,
+    stop_on_error: bool = True,
+    delete_on_success: bool = False,
+    observers: Iterable[Callable[..., Any]] = (),
+) -> Workflow:
+    """Validate a DAG of tasks and register it under ``name`` and ``version``."""
+    _check_key(name, "workflow name")
+    if not isinstance(version, str) or not version:
+        raise DefinitionError(f"workflow {name}: version must be a non-empty string, e.g. version='1'")
+    if isinstance(tasks, Task) or not tasks:
+        raise DefinitionError(f"workflow {name}: tasks must be a non-empty list of tasks")
+    by_key: dict[str, Task] = {}
+    for task in tasks:
+        if not isinstance(task, Task):
+            raise DefinitionError(
+                f"workflow {name}: tasks must be made with define_task, define_loop_task or "
+                f"define_gate, got {task!r}"
+            )
+        if task.key in by_key:
+            raise DefinitionError(
+                f"workflow {name}: duplicate task key {task.key!r}; keys must be unique within a workflow"
+            )
+        by_key[task.key] = task
+    for task in by_key.values():
+        for dep in task.after:
+            if dep not in by_key:
+                raise DefinitionError(
+                    f"workflow {name}: task {task.key} runs after {dep!r}, which is not a task of "
+                    f"this workflow; add it to tasks= or remove it from after="
+                )
+    if budget is not None and not isinstance(budget, Budget):
+        raise DefinitionError(f"workflow {name}: budget must be a tl.Budget(...), got {budget!r}")
+    for flag, value in (("stop_on_error", stop_on_error), ("delete_on_success", delete_on_success)):
+        if type(value) is not bool:
+            raise DefinitionError(f"workflow {name}: {flag} must be True or False, got {value!r}")
+    observer_list = tuple(observers)
+    for observer in observer_list:
+        _check_callable(observer, f"workflow {name}: observers must be callables (event) -> None")
+    order = _topological_order(name, by_key)
+    dependents = {key: tuple(k for k in order if key in by_key[k].after) for key in order}
+    workflow = Workflow(
+        name=name,
+        version=version,
+        tasks=tuple(tasks),
+        budget=budget,
+        stop_on_error=stop_on_error,
+        delete_on_success=delete_on_success,
+        observers=observer_list,
+        by_key=by_key,
+        dependents=dependents,
+        order=order,
+    )
+    fingerprint = hashlib.sha256(canonical(workflow.describe()).encode()).hexdigest()[:32]
+    object.__setattr__(workflow, "fingerprint", fingerprint)
+    REGISTRY.register(workflow)
+    return workflow
+
+
+class Registry:
+    """Workflows by (name, version). Defining a workflow registers it; workers look them up here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workflows: dict[tuple[str, str], Workflow] = {}
+
+    def register(self, workflow: Workflow) -> None:
+        with self._lock:
+            self._workflows[(workflow.name, workflow.version)] = workflow
+
+    def get(self, name: str, version: str | None = None) -> Workflow:
+        with self._lock:
+            if version is not None:
+                found = self._workflows.get((name, version))
+                if found is not None:
+                    return found
+                known = sorted(v for (n, v) in self._workflows if n == name)
+            else:
+                candidates = [w for (n, _), w in self._workflows.items() if n == name]
+                if len(candidates) == 1:
+                    return candidates[0]
+                known = sorted(w.version for w in candidates)
+                if candidates:
+                    raise WorkflowNotRegistered(
+                        f"workflow {name} has several versions registered ({known}); pass version="
+                    )
+        where = f"versions {known} are" if known else "no version is"
+        raise WorkflowNotRegistered(
+            f"workflow {name!r}{'' if version is None else f' version {version!r}'} is not registered "
+            f"in this process ({where}); import the module that defines it (taskloop worker --import "
+            "MODULE, or TASKLOOP_IMPORTS=MODULE)"
+        )
+
+    def names(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._workflows)
+
+
+REGISTRY = Registry()

@@ -1,0 +1,137 @@
+"""One error hierarchy for taskloop, grouped by layer.
+
+Every message says what went wrong *and* what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TaskLoopError(Exception):
+    """Base class of every error taskloop raises on purpose."""
+
+
+# --- declaration layer -------------------------------------------------------------------------
+
+
+class DefinitionError(TaskLoopError, ValueError):
+    """A task, loop task, gate, workflow or option was declared wrongly (raised at definition time),
+    or a callback used the context in a way its declaration does not allow."""
+
+
+class IncompatibleDefinition(TaskLoopError):
+    """A run was started or resumed under a definition that differs from the one it pinned."""
+
+
+class WorkflowNotRegistered(TaskLoopError, LookupError):
+    """No workflow with this name (and version) was imported in this process."""
+
+
+# --- input / output values ---------------------------------------------------------------------
+
+
+class InvalidInput(TaskLoopError, ValueError):
+    """Run input (or a run id) that taskloop cannot store losslessly."""
+
+
+class InvalidOutput(TaskLoopError, ValueError):
+    """A callback returned a value that is not lossless JSON; the task fails before `check` runs."""
+
+
+class InvalidCheckResult(TaskLoopError, ValueError):
+    """A loop task's `check` returned something other than LoopCheck(done=...)."""
+
+
+# --- runtime / store ---------------------------------------------------------------------------
+
+
+class RunNotFound(TaskLoopError, LookupError):
+    """No run with this id exists (never started, or expired after its retention period)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} not found: check the id with `taskloop runs`; finished runs expire "
+            "after their retention period (TASKLOOP_RETENTION_S, default 7 days)"
+        )
+
+
+class RunExists(TaskLoopError):
+    """`start` was given a run id that already belongs to a different workflow."""
+
+
+class StoreUnavailable(TaskLoopError, ConnectionError):
+    """Redis could not be reached (or answered with an error) while taskloop needed it."""
+
+
+class StaleToken(TaskLoopError):
+    """A write carried a fencing token that is no longer current; it was rejected."""
+
+
+class IllegalTransition(TaskLoopError):
+    """The phase state machine refused an event in the record's current state."""
+
+
+class Cancelled(TaskLoopError):
+    """Raised inside a callback by `ctx.signal.raise_if_cancelled()` once its phase is cancelled."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"phase cancelled: {reason}")
+
+
+class RunTimeout(TaskLoopError, TimeoutError):
+    """`RunHandle.wait(timeout=...)` gave up before the run finished (the run keeps going)."""
+
+
+# --- task outcomes (raised by RunResult.raise_for_status) --------------------------------------
+
+
+class TaskFailed(TaskLoopError):
+    """A task of the run failed; `type` and `message` are those of the original error."""
+
+    def __init__(self, key: str, type: str, message: str, traceback: str | None = None) -> None:
+        self.key = key
+        self.type = type
+        self.message = message
+        self.traceback = traceback
+        super().__init__(f"task {key} failed: {type}: {message}")
+
+
+class LoopTaskExhausted(TaskFailed):
+    """A loop task's check rejected the candidate in every one of its `max_rounds` rounds."""
+
+    def __init__(self, key: str, max_rounds: int, feedback: str | None) -> None:
+        self.max_rounds = max_rounds
+        self.feedback = feedback
+        message = f"Loop task {key} exhausted its {max_rounds} rounds"
+        super().__init__(key, "LoopTaskExhausted", message)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TaskTimeout(TaskFailed):
+    """A phase ran past the task's `timeout_ms`."""
+
+
+class WorkflowBudgetExceeded(TaskFailed):
+    """The workflow's Budget was spent before the next round or attempt could be admitted."""
+
+
+class RunRejected(TaskLoopError):
+    """A gate of the run was rejected."""
+
+
+def error_from_info(key: str, type: str, message: str, details: dict[str, Any] | None) -> TaskFailed:
+    """Rebuild the typed exception for a recorded task error (used by `raise_for_status`)."""
+    details = details or {}
+    if type == "LoopTaskExhausted":
+        return LoopTaskExhausted(key, int(details.get("max_rounds", 0)), details.get("feedback"))
+    if type == "TaskTimeout":
+        return TaskTimeout(key, type, message)
+    if type == "WorkflowBudgetExceeded":
+        return WorkflowBudgetExceeded(key, type, message)
+    return TaskFailed(key, type, message, details.get("traceback"))

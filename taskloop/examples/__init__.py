@@ -1,0 +1,1 @@
+"""Example workflows shipped with taskloop (used by ``taskloop demo``)."""

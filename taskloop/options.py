@@ -1,0 +1,206 @@
+"""Option models: Retry, Cache, Budget and LoopCheck (pydantic, validated with clear messages)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from taskloop.errors import DefinitionError, InvalidCheckResult
+
+MAX_SAFE_INT = 2**53 - 1
+MAX_TIMEOUT_MS = 2_147_483_647
+
+
+def is_safe_int(value: object, minimum: int = 1, maximum: int = MAX_SAFE_INT) -> bool:
+    """True for a real int (never a bool) within [minimum, maximum]."""
+    return type(value) is int and minimum <= value <= maximum
+
+
+def check_timeout_ms(value: object, owner: str) -> None:
+    if value is not None and not is_safe_int(value, 1, MAX_TIMEOUT_MS):
+        raise DefinitionError(
+            f"{owner}: timeout_ms must be an integer from 1 to {MAX_TIMEOUT_MS} (milliseconds), "
+            f"got {value!r}"
+        )
+
+
+class _Options(BaseModel):
+    """Frozen options model whose validation errors surface as DefinitionError."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+    label: ClassVar[str] = "options"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise DefinitionError(_message(self.label, exc)) from None
+
+
+def _message(label: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    original = (first.get("ctx") or {}).get("error")
+    if isinstance(original, Exception):
+        return str(original)
+    field = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"{label}.{field} is not an option of {label}; remove it"
+    return f"{label}.{field} {first['msg'].lower()}, got {first.get('input')!r}"
+
+
+def _safe_int_field(label: str, name: str, value: Any, minimum: int, optional: bool) -> Any:
+    if value is None and optional:
+        return value
+    if not is_safe_int(value, minimum):
+        bound = "a positive" if minimum == 1 else f"a >= {minimum}"
+        none = " or None" if optional else ""
+        raise ValueError(f"{label}.{name} must be {bound} safe integer{none}, got {value!r}")
+    return value
+
+
+class Retry(_Options):
+    """Retry policy for plain tasks. ``attempts`` counts every try, the first one included."""
+
+    label: ClassVar[str] = "retry"
+    attempts: int
+    delay_ms: int = 0
+    max_delay_ms: int | None = None
+    backoff: Literal["fixed", "exponential"] = "fixed"
+    jitter: Literal["none", "full"] = "none"
+    accepts: Callable[[BaseException, int], bool] | None = None
+
+    def __init__(self, attempts: Any = None, **data: Any) -> None:
+        super().__init__(attempts=attempts, **data)
+
+    @field_validator("attempts", "delay_ms", "max_delay_ms", mode="before")
+    @classmethod
+    def _ints(cls, value: Any, info: Any) -> Any:
+        minimum = 1 if info.field_name == "attempts" else 0
+        return _safe_int_field("retry", info.field_name, value, minimum, info.field_name == "max_delay_ms")
+
+    @field_validator("backoff", "jitter", mode="before")
+    @classmethod
+    def _choices(cls, value: Any, info: Any) -> Any:
+        allowed = ("fixed", "exponential") if info.field_name == "backoff" else ("none", "full")
+        if value not in allowed:
+            raise ValueError(f"retry.{info.field_name} must be one of {allowed}, got {value!r}")
+        return value
+
+    @field_validator("accepts", mode="before")
+    @classmethod
+    def _accepts(cls, value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise ValueError(f"retry.accepts must be a callable (error, attempt) -> bool, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cap(self) -> Retry:
+        if self.max_delay_ms is not None and self.max_delay_ms < self.delay_ms:
+            raise ValueError(
+                f"retry.max_delay_ms ({self.max_delay_ms}) must be >= retry.delay_ms ({self.delay_ms})"
+            )
+        return self
+
+    def delay_before(self, attempt: int) -> int:
+        """Upper bound in ms of the wait before try number ``attempt`` (2 = first retry)."""
+        n = attempt - 1
+        delay = self.delay_ms if self.backoff == "fixed" else self.delay_ms * 2 ** (n - 1)
+        if self.max_delay_ms is not None:
+            delay = min(delay, self.max_delay_ms)
+        return int(delay)
+
+    def describe(self) -> dict[str, Any]:
+        data = self.model_dump(exclude={"accepts"})
+        data["accepts"] = self.accepts is not None
+        return data
+
+
+class Cache(_Options):
+    """Result cache of a task: ``key(ctx)`` (JSON) plus ``version`` select an entry."""
+
+    label: ClassVar[str] = "cache"
+    key: Callable[..., Any]
+    version: str = "1"
+    max_age_ms: int | None = None
+    mode: Literal["reuse", "refresh"] = "reuse"
+    store: Any = None
+
+    def __init__(self, key: Any = None, **data: Any) -> None:
+        super().__init__(key=key, **data)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key(cls, value: Any) -> Any:
+        if not callable(value):
+            raise ValueError(f"cache.key must be a callable (ctx) -> JSON value, got {value!r}")
+        return value
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"cache.version must be a non-empty string, got {value!r}")
+        return value
+
+    @field_validator("max_age_ms", mode="before")
+    @classmethod
+    def _age(cls, value: Any) -> Any:
+        return _safe_int_field("cache", "max_age_ms", value, 1, True)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        if value not in ("reuse", "refresh"):
+            raise ValueError(f"cache.mode must be 'reuse' or 'refresh', got {value!r}")
+        return value
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store(cls, value: Any) -> Any:
+        if value is not None and not (callable(getattr(value, "read", None)) and callable(getattr(value, "write", None))):
+            raise ValueError("cache.store must have read(fingerprint) and write(fingerprint, entry) methods")
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        return {"version": self.version, "max_age_ms": self.max_age_ms, "mode": self.mode}
+
+
+class Budget(_Options):
+    """Workflow budget: rounds/attempts and token totals admitted before each callback runs."""
+
+    label: ClassVar[str] = "budget"
+    attempts: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    @field_validator("attempts", "input_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _ints(cls, value: Any, info: Any) -> Any:
+        return _safe_int_field("budget", info.field_name, value, 1, True)
+
+
+class LoopCheck(BaseModel):
+    """What a loop task's ``check`` returns: accept (``done=True``) or reject with feedback."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    done: bool
+    feedback: str | None = None
+
+    def __init__(self, done: Any = None, feedback: Any = None) -> None:
+        if type(done) is not bool or (not done and not isinstance(feedback, str)):
+            raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got done={done!r}, feedback={feedback!r}")
+        super().__init__(done=done, feedback=feedback)
+
+    @classmethod
+    def coerce(cls, value: Any) -> LoopCheck:
+        """Accept a LoopCheck or a dict with the same keys; refuse anything else."""
+        if isinstance(value, LoopCheck):
+            return value
+        if isinstance(value, dict) and set(value) <= {"done", "feedback"} and "done" in value:
+            return cls(value["done"], value.get("feedback"))
+        raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got {value!r}")
+
+
+CHECK_RESULT_MESSAGE = "loop check must return done=True or done=False with a feedback string"

@@ -1,0 +1,333 @@
+"""The pure phase state machine of one task: statuses, phases, the transition table. No I/O.
+
+A task record is an immutable value. ``advance(record, event)`` returns a new record whose
+fencing ``token`` is one higher, or raises `IllegalTransition` and leaves the old record as it
+was. The Redis store writes the new record only if the stored one is still the old one
+(compare-and-set), so a stale or duplicated delivery can never commit twice.
+
+States (``TaskRecord.state``) combine the task status with, for active tasks, the phase and
+whether its Celery message is queued or running::
+
+    WAITING --ACTIVATE--> QUEUED_ATTEMPT --BEGIN--> RUNNING_ATTEMPT --CANDIDATE--> QUEUED_CHECK
+    QUEUED_CHECK --BEGIN--> RUNNING_CHECK --ACCEPT--> DONE
+                                          --REJECT--> QUEUED_ATTEMPT (round + 1) | FAILED (exhausted)
+    WAITING --ACTIVATE--> QUEUED_RUN --BEGIN--> RUNNING_RUN --SUCCEED--> DONE | --RETRY--> QUEUED_RUN
+    WAITING --ACTIVATE--> PAUSED (gate) --APPROVE--> DONE | --DENY--> REJECTED
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from taskloop.errors import IllegalTransition
+
+
+class TaskStatus(str, Enum):
+    WAITING = "waiting"
+    ACTIVE = "active"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+    REJECTED = "rejected"
+
+
+TERMINAL_TASK = frozenset(
+    {TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED, TaskStatus.REJECTED}
+)
+
+
+class Phase(str, Enum):
+    """Loop phases (attempt, check, complete) plus ``run`` for a plain task's attempt."""
+
+    ATTEMPT = "attempt"
+    CHECK = "check"
+    COMPLETE = "complete"
+    RUN = "run"
+
+
+class Slot(str, Enum):
+    """Where the current phase of an active task is: its message is queued, or a worker runs it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+
+
+class RunStatus(str, Enum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+TERMINAL_RUN = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.REJECTED})
+
+
+class Termination(str, Enum):
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    ABORTED = "aborted"
+    LIMIT = "limit"
+    REJECTED = "rejected"
+
+
+class State(str, Enum):
+    WAITING = "waiting"
+    QUEUED_ATTEMPT = "queued_attempt"
+    RUNNING_ATTEMPT = "running_attempt"
+    QUEUED_CHECK = "queued_check"
+    RUNNING_CHECK = "running_check"
+    QUEUED_RUN = "queued_run"
+    RUNNING_RUN = "running_run"
+    PAUSED = "paused"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+_ACTIVE_STATES = {
+    (Phase.ATTEMPT, Slot.QUEUED): State.QUEUED_ATTEMPT,
+    (Phase.ATTEMPT, Slot.RUNNING): State.RUNNING_ATTEMPT,
+    (Phase.CHECK, Slot.QUEUED): State.QUEUED_CHECK,
+    (Phase.CHECK, Slot.RUNNING): State.RUNNING_CHECK,
+    (Phase.RUN, Slot.QUEUED): State.QUEUED_RUN,
+    (Phase.RUN, Slot.RUNNING): State.RUNNING_RUN,
+}
+_PHASE_OF = {state: phase for (phase, _), state in _ACTIVE_STATES.items()}
+QUEUED_STATES = frozenset({State.QUEUED_ATTEMPT, State.QUEUED_CHECK, State.QUEUED_RUN})
+RUNNING_STATES = frozenset({State.RUNNING_ATTEMPT, State.RUNNING_CHECK, State.RUNNING_RUN})
+NON_TERMINAL = frozenset({State.WAITING, State.PAUSED, *QUEUED_STATES, *RUNNING_STATES})
+
+
+class ErrorRecord(BaseModel):
+    """A recorded task error: the original type name and message, plus typed details."""
+
+    model_config = ConfigDict(frozen=True)
+    type: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class TaskRecord(BaseModel):
+    """The durable record of one task in one run (JSON in Redis, compared byte for byte)."""
+
+    model_config = ConfigDict(frozen=True, use_enum_values=False)
+
+    key: str
+    kind: str  # "task" | "loop" | "gate"
+    limit: int = 1  # loop: max_rounds; plain task: tries allowed by its retry policy
+    status: TaskStatus = TaskStatus.WAITING
+    phase: Phase | None = None
+    slot: Slot | None = None
+    round: int = 0  # loop: 1-based round; plain task: 1-based try; 0 before activation
+    token: int = 0  # fencing token: +1 on every transition
+    attempts: int = 0  # attempts consumed: one per round/try, plus one per replay
+    execs: int = 0  # executions of the current phase (1 = first, more = replays)
+    deadline: float | None = None  # epoch seconds; set when the round (or try) starts
+    not_before: float | None = None  # retry backoff: the message is due at this time
+    worker: str | None = None
+    cache_hit: bool = False
+    prepared: bool = False  # condition (and cache) consulted for this activation
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: ErrorRecord | None = None
+
+    @property
+    def state(self) -> State:
+        if self.status is TaskStatus.ACTIVE:
+            assert self.phase is not None and self.slot is not None
+            return _ACTIVE_STATES[(self.phase, self.slot)]
+        return State(self.status.value)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_TASK
+
+    def dump(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+    @classmethod
+    def load(cls, raw: str | bytes) -> TaskRecord:
+        return cls.model_validate_json(raw)
+
+
+class EventKind(str, Enum):
+    ACTIVATE = "activate"  # dependencies done: queue round 1 (or pause a gate)
+    SKIP = "skip"  # condition false, or a dependency did not finish done
+    BEGIN = "begin"  # a worker starts executing the queued phase
+    CANDIDATE = "candidate"  # attempt returned a (lossless JSON) candidate
+    ACCEPT = "accept"  # check accepted the candidate
+    REJECT = "reject"  # check rejected the candidate with feedback
+    SUCCEED = "succeed"  # plain task returned, or a cache hit restored the value
+    FAIL = "fail"  # callback error, invalid output, timeout, budget, ...
+    RETRY = "retry"  # plain task failed with tries left under its retry policy
+    CANCEL = "cancel"  # the run was cancelled or stopped
+    EXPIRE = "expire"  # a running phase's lease expired: queue it again (a replay)
+    REDISPATCH = "redispatch"  # a queued phase's message is presumed lost: send a new one
+    APPROVE = "approve"  # gate approved (or resumed with a value)
+    DENY = "deny"  # gate rejected
+    RESUME = "resume"  # explicit resume of a task that failed on a callback error
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    kind: EventKind
+    at: float
+    worker: str | None = None
+    timeout_ms: int | None = None
+    error: ErrorRecord | None = None
+    feedback: str | None = None
+    cache_hit: bool = False
+    not_before: float | None = None
+
+
+S = State
+E = EventKind
+
+# The transition table: (state, event) -> the states the event may lead to. Any pair that is
+# not listed is illegal. Terminal states accept nothing except FAILED + RESUME.
+TABLE: dict[tuple[State, EventKind], frozenset[State]] = {
+    (S.WAITING, E.ACTIVATE): frozenset({S.QUEUED_ATTEMPT, S.QUEUED_RUN, S.PAUSED}),
+    (S.WAITING, E.SKIP): frozenset({S.SKIPPED}),
+    (S.WAITING, E.CANCEL): frozenset({S.CANCELLED}),
+    (S.PAUSED, E.APPROVE): frozenset({S.DONE}),
+    (S.PAUSED, E.DENY): frozenset({S.REJECTED}),
+    (S.PAUSED, E.CANCEL): frozenset({S.CANCELLED}),
+    (S.FAILED, E.RESUME): frozenset({S.QUEUED_ATTEMPT, S.QUEUED_CHECK, S.QUEUED_RUN}),
+}
+for _queued, _running in (
+    (S.QUEUED_ATTEMPT, S.RUNNING_ATTEMPT),
+    (S.QUEUED_CHECK, S.RUNNING_CHECK),
+    (S.QUEUED_RUN, S.RUNNING_RUN),
+):
+    TABLE[(_queued, E.BEGIN)] = frozenset({_running})
+    TABLE[(_queued, E.REDISPATCH)] = frozenset({_queued})
+    TABLE[(_queued, E.FAIL)] = frozenset({S.FAILED})
+    TABLE[(_queued, E.CANCEL)] = frozenset({S.CANCELLED})
+    TABLE[(_running, E.EXPIRE)] = frozenset({_queued})
+    TABLE[(_running, E.FAIL)] = frozenset({S.FAILED})
+    TABLE[(_running, E.CANCEL)] = frozenset({S.CANCELLED})
+# Before the first execution of an activation: condition false -> skipped; cache hit -> done.
+TABLE[(S.QUEUED_ATTEMPT, E.SKIP)] = frozenset({S.SKIPPED})
+TABLE[(S.QUEUED_RUN, E.SKIP)] = frozenset({S.SKIPPED})
+TABLE[(S.QUEUED_ATTEMPT, E.SUCCEED)] = frozenset({S.DONE})
+TABLE[(S.QUEUED_RUN, E.SUCCEED)] = frozenset({S.DONE})
+# Outcomes of a running phase.
+TABLE[(S.RUNNING_ATTEMPT, E.CANDIDATE)] = frozenset({S.QUEUED_CHECK})
+TABLE[(S.RUNNING_CHECK, E.ACCEPT)] = frozenset({S.DONE})
+TABLE[(S.RUNNING_CHECK, E.REJECT)] = frozenset({S.QUEUED_ATTEMPT, S.FAILED})
+TABLE[(S.RUNNING_RUN, E.SUCCEED)] = frozenset({S.DONE})
+TABLE[(S.RUNNING_RUN, E.RETRY)] = frozenset({S.QUEUED_RUN})
+del _queued, _running
+
+
+def exhausted_error(key: str, max_rounds: int, feedback: str | None) -> ErrorRecord:
+    return ErrorRecord(
+        type="LoopTaskExhausted",
+        message=f"Loop task {key} exhausted its {max_rounds} rounds",
+        details={"max_rounds": max_rounds, "feedback": feedback},
+    )
+
+
+def _queue(r: TaskRecord, phase: Phase, round: int, **extra: Any) -> dict[str, Any]:
+    return {"status": TaskStatus.ACTIVE, "phase": phase, "slot": Slot.QUEUED, "round": round,
+            "execs": 0, "worker": None, **extra}
+
+
+def _activate(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    if r.kind == "gate":
+        return {"status": TaskStatus.PAUSED, "started_at": e.at}
+    phase = Phase.ATTEMPT if r.kind == "loop" else Phase.RUN
+    return _queue(r, phase, 1, started_at=e.at)
+
+
+def _begin(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    # The first execution of a check belongs to its round's attempt; everything else
+    # (a new round, a plain try, any replay) consumes one attempt.
+    consumes = r.execs > 0 or r.phase is not Phase.CHECK
+    deadline = r.deadline
+    if deadline is None and e.timeout_ms is not None:
+        deadline = e.at + e.timeout_ms / 1000.0
+    return {"slot": Slot.RUNNING, "execs": r.execs + 1, "attempts": r.attempts + int(consumes),
+            "worker": e.worker, "deadline": deadline, "not_before": None, "prepared": True}
+
+
+def _finish(status: TaskStatus, phase: Phase | None = None) -> Callable[[TaskRecord, PhaseEvent], dict[str, Any]]:
+    def apply(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+        changes: dict[str, Any] = {"status": status, "slot": None, "finished_at": e.at}
+        if phase is not None:
+            changes["phase"] = phase
+        if e.error is not None:
+            changes["error"] = e.error
+        return changes
+    return apply
+
+
+def _succeed(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    changes = _finish(TaskStatus.DONE, Phase.COMPLETE if r.kind == "loop" else None)(r, e)
+    if e.cache_hit:
+        changes.update(cache_hit=True, round=0, attempts=0, phase=None, started_at=e.at)
+    return changes
+
+
+def _reject(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    if r.round >= r.limit:
+        error = exhausted_error(r.key, r.limit, e.feedback)
+        return {"status": TaskStatus.FAILED, "phase": Phase.COMPLETE, "slot": None,
+                "finished_at": e.at, "error": error}
+    return _queue(r, Phase.ATTEMPT, r.round + 1, deadline=None)
+
+
+def _resume(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    if r.error is not None and r.error.type == "LoopTaskExhausted":
+        raise IllegalTransition(f"task {r.key} exhausted its {r.limit} rounds; an exhausted loop stays exhausted")
+    if r.phase not in (Phase.ATTEMPT, Phase.CHECK, Phase.RUN):
+        raise IllegalTransition(f"task {r.key} has no interrupted phase to resume (phase {r.phase})")
+    return _queue(r, r.phase, r.round, deadline=None, error=None, finished_at=None, prepared=False)
+
+
+_APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
+    E.ACTIVATE: _activate,
+    E.SKIP: _finish(TaskStatus.SKIPPED),
+    E.BEGIN: _begin,
+    E.CANDIDATE: lambda r, e: _queue(r, Phase.CHECK, r.round, deadline=r.deadline),
+    E.ACCEPT: _finish(TaskStatus.DONE, Phase.COMPLETE),
+    E.REJECT: _reject,
+    E.SUCCEED: _succeed,
+    E.FAIL: _finish(TaskStatus.FAILED),
+    E.RETRY: lambda r, e: _queue(r, Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before),
+    E.CANCEL: _finish(TaskStatus.CANCELLED),
+    E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None},
+    E.REDISPATCH: lambda r, e: {},
+    E.APPROVE: _finish(TaskStatus.DONE),
+    E.DENY: _finish(TaskStatus.REJECTED),
+    E.RESUME: _resume,
+}
+
+
+def advance(record: TaskRecord, event: PhaseEvent) -> TaskRecord:
+    """Apply ``event`` to ``record``: the new record (token + 1), or IllegalTransition."""
+    allowed = TABLE.get((record.state, event.kind))
+    if allowed is None:
+        raise IllegalTransition(
+            f"task {record.key}: event {event.kind.value!r} is not allowed in state {record.state.value!r}"
+        )
+    changes = _APPLY[event.kind](record, event)
+    new = record.model_copy(update={**changes, "token": record.token + 1})
+    if new.state not in allowed:  # pragma: no cover - guards the table against the functions
+        raise IllegalTransition(f"task {record.key}: {event.kind.value} led to {new.state.value}")
+    return new
+
+
+def phase_of(state: State) -> Phase | None:
+    return _PHASE_OF.get(state)

@@ -1,0 +1,222 @@
+"""The Redis store: snapshots of a run, guarded batch writes (cas.lua), events and indexes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from taskloop.errors import StoreUnavailable
+from taskloop.events import Event
+from taskloop.phases import TaskRecord
+from taskloop.store import keys as k
+from taskloop.store.batch import Batch
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def load_script(name: str) -> str:
+    return resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+@dataclass
+class Snapshot:
+    """What one read of a run returns: the run hash, the raw task records and some data fields."""
+
+    run_id: str
+    run: dict[str, str]
+    raw_tasks: dict[str, str]
+    data: dict[str, str | None] = field(default_factory=dict)
+    _tasks: dict[str, TaskRecord] = field(default_factory=dict)
+
+    def task(self, key: str) -> TaskRecord:
+        record = self._tasks.get(key)
+        if record is None:
+            record = self._tasks[key] = TaskRecord.load(self.raw_tasks[key])
+        return record
+
+    def tasks(self) -> dict[str, TaskRecord]:
+        return {key: self.task(key) for key in self.raw_tasks}
+
+    @property
+    def control(self) -> str | None:
+        """None while the run may progress; "cancel:<reason>" or "stop:<reason>" once it may not."""
+        return self.run.get("ctl")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A batch was refused: guard ``label`` no longer held (``current`` is what the store has)."""
+
+    index: int
+    label: str
+    current: str | None
+
+
+class RedisStore:
+    """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable."""
+
+    def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None) -> None:
+        self.url = url
+        self.client: redis.Redis = client or redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_connect_timeout=2,
+            socket_keepalive=True,
+            health_check_interval=15,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        )
+        self._cas = self.client.register_script(load_script("cas"))
+
+    @staticmethod
+    def _wrap(fn: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return fn(*args, **kwargs)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.BusyLoadingError) as exc:
+                self = args[0]
+                assert isinstance(self, RedisStore)
+                raise StoreUnavailable(
+                    f"cannot reach Redis at {redact(self.url)} ({exc}); check that redis-server is "
+                    "running and that TASKLOOP_REDIS_URL points at it"
+                ) from exc
+        return call
+
+    # reads ----------------------------------------------------------------------------------
+    @_wrap
+    def snapshot(self, run_id: str, data_fields: Sequence[str] = ()) -> Snapshot | None:
+        keys = k.RunKeys.of(run_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(keys.run)
+        pipe.hgetall(keys.tasks)
+        if data_fields:
+            pipe.hmget(keys.data, list(data_fields))
+        replies = pipe.execute()
+        if not replies[0]:
+            return None
+        data = dict(zip(data_fields, replies[2], strict=True)) if data_fields else {}
+        return Snapshot(run_id, replies[0], replies[1], data)
+
+    @_wrap
+    def data(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
+        if not fields:
+            return []
+        return list(self.client.hmget(k.RunKeys.of(run_id).data, list(fields)))
+
+    @_wrap
+    def data_matching(self, run_id: str, prefix: str) -> dict[str, str]:
+        """All data fields that start with ``prefix`` (HSCAN; used by inspect, not the hot path)."""
+        return dict(self.client.hscan_iter(k.RunKeys.of(run_id).data, match=f"{prefix}*", count=500))
+
+    @_wrap
+    def run_fields(self, run_id: str, *fields: str) -> list[str | None]:
+        return list(self.client.hmget(k.RunKeys.of(run_id).run, list(fields)))
+
+    @_wrap
+    def events(self, run_id: str, after: str | None = None, count: int | None = None) -> list[Event]:
+        start = f"({after}" if after else "-"
+        entries = self.client.xrange(k.RunKeys.of(run_id).events, start, "+", count=count)
+        return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in entries]
+
+    @_wrap
+    def status_and_last_event(self, run_id: str) -> tuple[str | None, str]:
+        keys = k.RunKeys.of(run_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hget(keys.run, "status")
+        pipe.xrevrange(keys.events, "+", "-", count=1)
+        status, last = pipe.execute()
+        return status, (last[0][0] if last else "0-0")
+
+    @_wrap
+    def block_events(self, run_id: str, last_id: str, block_ms: int) -> list[Event]:
+        """Events after ``last_id``, waiting up to ``block_ms`` for the first one (XREAD BLOCK)."""
+        reply = self.client.xread({k.RunKeys.of(run_id).events: last_id}, block=max(block_ms, 1))
+        if not reply:
+            return []
+        return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in reply[0][1]]
+
+    @_wrap
+    def run_ids(self, limit: int, offset: int = 0) -> list[str]:
+        return list(self.client.zrevrange(k.RUNS_INDEX, offset, offset + limit - 1))
+
+    @_wrap
+    def run_hashes(self, run_ids: Iterable[str]) -> list[dict[str, str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hgetall(k.RunKeys.of(run_id).run)
+        return list(pipe.execute())
+
+    @_wrap
+    def forget_runs(self, run_ids: Sequence[str]) -> None:
+        if run_ids:
+            self.client.zrem(k.RUNS_INDEX, *run_ids)
+
+    @_wrap
+    def expired_leases(self, now: float, limit: int = 500) -> list[tuple[str, str, float]]:
+        rows = self.client.zrangebyscore(k.LEASES, "-inf", now, start=0, num=limit, withscores=True)
+        return [(*k.parse_lease_member(member), score) for member, score in rows]
+
+    @_wrap
+    def stats(self) -> dict[str, str]:
+        return dict(self.client.hgetall(k.STATS))
+
+    # writes ---------------------------------------------------------------------------------
+    @_wrap
+    def apply(self, batch: Batch) -> Conflict | None:
+        """Run the batch atomically. None when it was applied, else the first guard that failed."""
+        reply = self._cas(keys=batch.keys.all(), args=batch.argv())
+        if reply[0] == 1:
+            return None
+        index = int(reply[1])
+        return Conflict(index, batch.labels[index - 1], reply[2] if len(reply) > 2 else None)
+
+    @_wrap
+    def incr_stat(self, name: str, amount: int = 1, run_id: str | None = None) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(k.STATS, name, amount)
+        if run_id is not None:
+            pipe.hincrby(k.RunKeys.of(run_id).run, f"stat:{name}", amount)
+        pipe.execute()
+
+    @_wrap
+    def incr_usage(self, run_id: str, counts: dict[str, int]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for name, amount in counts.items():
+            if amount:
+                pipe.hincrby(k.RunKeys.of(run_id).run, f"u:{name}", amount)
+        pipe.execute()
+
+    @_wrap
+    def ping(self) -> bool:
+        return bool(self.client.ping())
+
+    def close(self) -> None:
+        self.client.close()
+
+    @staticmethod
+    def decode_usage(run: dict[str, str]) -> dict[str, Any]:
+        def n(name: str) -> int:
+            return int(run.get(f"u:{name}", 0))
+        return {"attempts": n("attempts"),
+                "tokens": {"input": n("input"), "cached": n("cached"), "output": n("output")}}

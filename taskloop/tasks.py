@@ -1,0 +1,78 @@
+"""The Celery tasks: thin wrappers that validate the message and hand it to the executor.
+
+``taskloop.attempt``, ``taskloop.check`` and ``taskloop.run`` are registered on the app from
+``taskloop.worker``; each is sent with a shadow name ``<workflow>.<key>.<phase>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
+from taskloop.app import send_phase
+from taskloop.config import settings
+from taskloop.executor import Executor
+from taskloop.phases import Phase
+from taskloop.store import RedisStore
+
+log = logging.getLogger("taskloop.tasks")
+
+
+class PhaseMessage(BaseModel):
+    """The only payload taskloop puts on the queue: which phase of which run to execute."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: StrictStr
+    key: StrictStr
+    round: StrictInt
+    token: StrictInt
+
+
+_executor: Executor | None = None
+_executor_pid: int | None = None
+
+
+def executor(app: Celery, hostname: str) -> Executor:
+    """One executor per worker process, created after the fork."""
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():
+        config = settings()
+        store = RedisStore(config.redis_url, retries=10)
+        _executor = Executor(store, config, lambda wf, run_id, d: send_phase(app, wf, run_id, d),
+                             f"{hostname}/{os.getpid()}")
+        _executor_pid = os.getpid()
+    return _executor
+
+
+def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    try:
+        if kwargs or len(args) != 4:
+            raise ValueError(f"expected 4 positional args (run_id, key, round, token), got {args!r} {kwargs!r}")
+        message = PhaseMessage(run_id=args[0], key=args[1], round=args[2], token=args[3])
+    except (ValueError, ValidationError) as exc:
+        log.error("malformed taskloop.%s message dropped: %s", phase.value, exc)
+        return "malformed"
+    return executor(app, hostname or "worker").handle(
+        phase, message.run_id, message.key, message.round, message.token
+    )
+
+
+def register(app: Celery) -> None:
+    """Register the three phase tasks on ``app``."""
+    options = dict(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, serializer="json")
+
+    @app.task(name="taskloop.attempt", **options)
+    def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs)
+
+    @app.task(name="taskloop.check", **options)
+    def check(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs)
+
+    @app.task(name="taskloop.run", **options)
+    def run(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.RUN, self.request.hostname, args, kwargs)
