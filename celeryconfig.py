@@ -6,7 +6,7 @@ TASKLOOP_BROKER_URL / TASKLOOP_REDIS_URL, when set, override broker_url. The set
 Reasons for each are in docs/operations.md.
 """
 
-# Broker: Redis by default (TASKLOOP_BROKER_URL, else TASKLOOP_REDIS_URL, else this).
+# Broker: TASKLOOP_BROKER_URL, else TASKLOOP_REDIS_URL, else this (the environment wins).
 broker_url = "redis://127.0.0.1:6379/0"
 
 # JSON only (required): messages carry ids, never user payloads, and never pickle.

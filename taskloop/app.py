@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 from typing import Any
 
 from celery import Celery
 
-from taskloop.config import Settings, settings
+from taskloop.config import Settings, celery_config_module, settings
 from taskloop.definitions import Workflow
 from taskloop.scheduler import Dispatch
 
@@ -35,26 +33,14 @@ REQUIRED: dict[str, Any] = {
 }
 
 
-def _config_module() -> Any | None:
-    name = os.environ.get("TASKLOOP_CELERY_CONFIG", "celeryconfig")
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
-
-
 def make_app(config: Settings | None = None) -> Celery:
     config = config or settings()
     app = Celery("taskloop", set_as_current=False)
-    module = _config_module()
+    module = celery_config_module()
     app.conf.update(DEFAULTS)
     if module is not None:
         app.config_from_object(module)
-    env_broker = os.environ.get("TASKLOOP_BROKER_URL") or os.environ.get("TASKLOOP_REDIS_URL")
-    if env_broker or module is None or not getattr(module, "broker_url", None):
-        app.conf.broker_url = config.broker_url
+    app.conf.broker_url = config.broker_url  # already resolved: arguments > env > celeryconfig
     app.conf.update(REQUIRED)
     if config.imports:
         app.conf.imports = tuple(app.conf.imports or ()) + config.imports

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -281,9 +282,11 @@ def demo(workers: int) -> None:
     os.environ["TASKLOOP_REDIS_URL"] = url
     config.reset()
     proc: subprocess.Popen[bytes] | None = None
+    logdir = tempfile.mkdtemp(prefix="taskloop-demo-")
     try:
-        proc = spawn_worker(url, ["taskloop.examples.demo"], concurrency=workers)
-        console.print(f"worker started (pid {proc.pid}, {workers} processes)")
+        logfile = os.path.join(logdir, "worker.log")
+        proc = spawn_worker(url, ["taskloop.examples.demo"], concurrency=workers, loglevel="INFO", logfile=logfile)
+        console.print(f"worker started: {workers} processes (log: {logfile})")
         from taskloop.client import TaskLoop
         from taskloop.examples.demo import demo as workflow
 

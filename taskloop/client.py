@@ -273,7 +273,8 @@ class TaskLoop:
             snap = self._snapshot(run_id)
             status = snap.run.get("status", "running")
             if status in _TERMINAL:
-                return CancelResult(run_id, False, status, f"run {run_id} already finished ({status}); nothing to cancel")
+                message = f"run {run_id} already finished ({status}); nothing to cancel"
+                return CancelResult(run_id, False, status, message)
             if snap.control is not None:
                 return CancelResult(run_id, False, status, f"run {run_id} is already stopping ({snap.control})")
             wf = REGISTRY.get(snap.run["wf"], snap.run["ver"]) if _registered(snap) else None
@@ -298,12 +299,14 @@ class TaskLoop:
             if not gate.is_gate:
                 raise DefinitionError(f"decide: {key} is a {gate.kind.value}, not a gate")
             if gate.actors and actor not in gate.actors:
-                raise DefinitionError(f"decide: actor {actor!r} may not decide gate {key}; allowed: {list(gate.actors)}")
+                raise DefinitionError(
+                    f"decide: actor {actor!r} may not decide gate {key}; allowed: {list(gate.actors)}")
             if action == "resume" and gate.gate_kind == "approval":
                 raise DefinitionError(f"decide: gate {key} is an approval gate; use approve or reject")
             record = snap.task(key)
             if record.state is not State.PAUSED:
-                raise DefinitionError(f"decide: gate {key} is not waiting for a decision (status {record.status.value})")
+                raise DefinitionError(
+                    f"decide: gate {key} is not waiting for a decision (status {record.status.value})")
             now = clock.now()
             planner = Planner(wf, snap, now, self.settings)
             kind = EventKind.DENY if action == "reject" else EventKind.APPROVE

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -28,9 +30,33 @@ def _float(name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+def celery_config_module() -> Any | None:
+    """The user's Celery settings module (TASKLOOP_CELERY_CONFIG, default ``celeryconfig``), if importable."""
+    name = os.environ.get("TASKLOOP_CELERY_CONFIG", "celeryconfig")
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None
+
+
+def _redis_url() -> str:
+    env = os.environ.get("TASKLOOP_REDIS_URL")
+    if env:
+        return env
+    module = celery_config_module()
+    return getattr(module, "taskloop_redis_url", None) or DEFAULT_REDIS_URL
+
+
 @dataclass(frozen=True)
 class Settings:
-    redis_url: str = field(default_factory=lambda: os.environ.get("TASKLOOP_REDIS_URL") or DEFAULT_REDIS_URL)
+    """Precedence for URLs: arguments > TASKLOOP_* environment > celeryconfig.py > defaults.
+
+    The store uses ``redis_url``; the broker defaults to it (TASKLOOP_BROKER_URL, then
+    TASKLOOP_REDIS_URL, then celeryconfig's ``broker_url``, then ``redis_url``)."""
+
+    redis_url: str = field(default_factory=_redis_url)
     broker_url: str = ""
     imports: tuple[str, ...] = field(
         default_factory=lambda: tuple(
@@ -56,7 +82,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.broker_url:
-            broker = os.environ.get("TASKLOOP_BROKER_URL") or self.redis_url
+            broker = os.environ.get("TASKLOOP_BROKER_URL") or os.environ.get("TASKLOOP_REDIS_URL")
+            if not broker:
+                broker = getattr(celery_config_module(), "broker_url", None) or self.redis_url
             object.__setattr__(self, "broker_url", broker)
 
 

@@ -241,7 +241,9 @@ class Executor:
             event = PhaseEvent(EventKind.SKIP, clock.now())
         return self._commit_event(workflow, snap, task.key, event) or "replan"
 
-    def _begin(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str | tuple[Snapshot, TaskRecord]:
+    def _begin(
+        self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord
+    ) -> str | tuple[Snapshot, TaskRecord]:
         now = clock.now()
         planner = Planner(workflow, snap, now, self.settings)
         begun = planner.move(task.key, PhaseEvent(EventKind.BEGIN, now, worker=self.worker,
@@ -271,7 +273,8 @@ class Executor:
                          f"{task.key} round {record.round} could start; raise the Budget or need fewer rounds"),
                 details={"budget": conflict.label.removeprefix("budget:"), "limit": limit},
             )
-            return self._commit_event(workflow, snap, task.key, PhaseEvent(EventKind.FAIL, now, error=error)) or "replan"
+            failed = self._commit_event(workflow, snap, task.key, PhaseEvent(EventKind.FAIL, now, error=error))
+            return failed or "replan"
         return "replan"
 
     def _run(self, workflow: Workflow, task: Task, snap: Snapshot, begun: tuple[Snapshot, TaskRecord]) -> str:
@@ -361,7 +364,8 @@ def _phase(record: TaskRecord) -> str | None:
 def _stub_workflow(snap: Snapshot) -> Workflow:
     """A stand-in with the run's task graph when the real definition is not importable here."""
     from taskloop.definitions import Task as _Task
-    from taskloop.definitions import TaskKind, Workflow as _Workflow
+    from taskloop.definitions import TaskKind
+    from taskloop.definitions import Workflow as _Workflow
 
     tasks = tuple(_Task(key=key, kind=TaskKind(rec.kind)) for key, rec in snap.tasks().items())
     by_key = {t.key: t for t in tasks}

@@ -159,7 +159,8 @@ class Cache(_Options):
     @field_validator("store", mode="before")
     @classmethod
     def _store(cls, value: Any) -> Any:
-        if value is not None and not (callable(getattr(value, "read", None)) and callable(getattr(value, "write", None))):
+        usable = callable(getattr(value, "read", None)) and callable(getattr(value, "write", None))
+        if value is not None and not usable:
             raise ValueError("cache.store must have read(fingerprint) and write(fingerprint, entry) methods")
         return value
 

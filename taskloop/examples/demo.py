@@ -6,7 +6,7 @@ source = tl.define_task("source", run=lambda ctx: 10)
 
 
 def write(ctx: tl.LoopContext, feedback: str | None) -> int:
-    return ctx.value(source) + ctx.round  # feedback is None in round 1
+    return int(ctx.value(source)) + ctx.round  # feedback is None in round 1
 
 
 def review(ctx: tl.LoopContext, candidate: int) -> tl.LoopCheck:

@@ -76,7 +76,8 @@ class RedisStore:
 
     def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None) -> None:
         self.url = url
-        self.client: redis.Redis = client or redis.Redis.from_url(
+        # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
+        self.client: Any = client or redis.Redis.from_url(
             url,
             decode_responses=True,
             socket_connect_timeout=2,

