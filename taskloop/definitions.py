@@ -163,9 +163,9 @@ def define_task(
 def define_loop_task(
     key: str,
     *,
-    max_rounds: int,
-    attempt: Callable[..., Any],
-    check: Callable[..., Any],
+    max_rounds: int | None = None,
+    attempt: Callable[..., Any] | None = None,
+    check: Callable[..., Any] | None = None,
     after: Iterable[TaskRef] = (),
     condition: Callable[..., Any] | None = None,
     timeout_ms: int | None = None,

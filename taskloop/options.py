@@ -190,7 +190,9 @@ class LoopCheck(BaseModel):
     feedback: str | None = None
 
     def __init__(self, done: Any = None, feedback: Any = None) -> None:
-        if type(done) is not bool or (not done and not isinstance(feedback, str)):
+        bad_feedback = not isinstance(feedback, str) if done is False else feedback is not None and not isinstance(
+            feedback, str)
+        if type(done) is not bool or bad_feedback:
             raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got done={done!r}, feedback={feedback!r}")
         super().__init__(done=done, feedback=feedback)
 

@@ -274,6 +274,12 @@ def _finish(status: TaskStatus, phase: Phase | None = None) -> Callable[[TaskRec
 
 
 def _succeed(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    fresh = r.execs == 0 and r.attempts == 0 and not r.prepared
+    if (r.slot is Slot.QUEUED) is not (e.cache_hit and fresh):
+        raise IllegalTransition(
+            f"task {r.key}: a cache hit (and only a cache hit) finishes a queued phase, and only before "
+            "its first execution"
+        )
     changes = _finish(TaskStatus.DONE, Phase.COMPLETE if r.kind == "loop" else None)(r, e)
     if e.cache_hit:
         changes.update(cache_hit=True, round=0, attempts=0, phase=None, started_at=e.at)

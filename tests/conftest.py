@@ -8,7 +8,6 @@ every client and worker at it through TASKLOOP_REDIS_URL.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,5 +123,3 @@ def probe(redis_server: RedisServer) -> Iterator[redis.Redis]:
     r.close()
 
 
-def have_redis_binary() -> bool:
-    return shutil.which("redis-server") is not None

@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
-
 
 def test_demo_runs_end_to_end_on_an_embedded_redis(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLOOP_")}
