@@ -77,8 +77,10 @@ class Settings:
     watch_interval_s: float = field(default_factory=lambda: _float("TASKLOOP_WATCH_INTERVAL_S", 0.2))
     # A phase executed this many times without recording an outcome is failed.
     max_executions: int = field(default_factory=lambda: _int("TASKLOOP_MAX_EXECUTIONS", 5))
-    # Hard limit = timeout + grace: how long a callback that ignores ctx.signal may overrun.
+    # Hard limit = deadline + grace: how long a callback that ignores a timeout may overrun.
     timeout_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_TIMEOUT_GRACE_S", 2.0))
+    # How long a callback may ignore a cancel or stop signal before its process is stopped.
+    cancel_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_CANCEL_GRACE_S", 30.0))
 
     def __post_init__(self) -> None:
         if not self.broker_url:

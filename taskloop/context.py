@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from taskloop import clock
 from taskloop.definitions import Task, task_key
 from taskloop.errors import Cancelled, DefinitionError
 
@@ -18,6 +19,7 @@ class Signal:
         self._event = threading.Event()
         self._reason: str | None = None
         self._lock = threading.Lock()
+        self.set_at: float | None = None  # when the signal was set (epoch seconds)
 
     @property
     def cancelled(self) -> bool:
@@ -40,6 +42,7 @@ class Signal:
         with self._lock:
             if not self._event.is_set():
                 self._reason = reason
+                self.set_at = clock.now()
                 self._event.set()
 
 

@@ -1,36 +1,35 @@
-"""Executes one phase message on a worker: admit, begin, run the callback, record, dispatch.
+"""Executes one phase message on a worker: admit, prepare, begin, call, record, dispatch.
 
-The steps, each a guarded write that re-plans on conflict:
+Each step is one guarded write that re-plans when a guard fails:
 
 1. read a snapshot of the run; refuse a message whose (round, phase, token) is not current;
-2. on the first execution of an activation, evaluate ``condition`` (attempt 0);
-3. BEGIN: the record moves to running, one attempt is admitted against the budget, a lease is
-   taken (one write);
-4. run the user callback with its context, while the watcher sets ``ctx.signal`` on cancel;
-5. record the outcome and everything the scheduler decides with it (one write), then send
-   the Celery messages of the phases it dispatched.
+2. prepare, on the first execution of an activation: ``condition`` (false: skipped) and the
+   cache (hit: done with the cached value, no callback);
+3. begin: the record moves to running, one attempt is admitted against the budget, a lease is
+   taken; a round whose deadline has already passed fails with TaskTimeout instead;
+4. call the user callback while the watcher sets ``ctx.signal`` (cancel, stop, deadline) and,
+   past the grace period, records the outcome itself and stops the process;
+5. record the outcome (timeouts, retries and cancellation resolved here) together with
+   everything the scheduler decides, then send the Celery messages it dispatched.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import json
 import logging
-import traceback
+import os
+import random
+import signal as signals
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
+from taskloop import cache as caching
 from taskloop import clock
 from taskloop import events as ev
+from taskloop.callbacks import Outcome, build_context, call_phase, error_record, invoke
 from taskloop.config import Settings
-from taskloop.context import LoopContext, Signal, TaskContext
-from taskloop.definitions import REGISTRY, Task, Workflow
-from taskloop.errors import Cancelled, IncompatibleDefinition, TaskLoopError, WorkflowNotRegistered
+from taskloop.context import Signal
+from taskloop.definitions import REGISTRY, Task, TaskKind, Workflow
+from taskloop.errors import IncompatibleDefinition, TaskLoopError, TaskTimeout, WorkflowNotRegistered
 from taskloop.events import Event, notify
-from taskloop.jsonvalue import dumps, lossless_problem
-from taskloop.options import LoopCheck
 from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, TaskRecord
 from taskloop.scheduler import Dispatch, Planner
 from taskloop.store import Batch, RedisStore, Snapshot
@@ -42,48 +41,11 @@ log = logging.getLogger("taskloop.executor")
 Sender = Callable[[Workflow, str, Dispatch], None]
 MAX_REPLANS = 50
 _QUEUED_OF = {Phase.ATTEMPT: State.QUEUED_ATTEMPT, Phase.CHECK: State.QUEUED_CHECK, Phase.RUN: State.QUEUED_RUN}
+_FORWARD = (EventKind.CANDIDATE, EventKind.REJECT, EventKind.RETRY)
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a callback produced, as the event to apply plus the data to record with it."""
-
-    kind: EventKind
-    data: dict[str, str]
-    error: ErrorRecord | None = None
-    feedback: str | None = None
-    cancelled: bool = False
-
-
-def error_record(exc: BaseException) -> ErrorRecord:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ErrorRecord(type=type(exc).__name__, message=str(exc), details={"traceback": tb})
-
-
-def invoke(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a sync or async callback and return its result."""
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        async def wait() -> Any:
-            return await result
-        result = asyncio.run(wait())
-    return result
-
-
-class _Usage:
-    def __init__(self, store: RedisStore, run_id: str) -> None:
-        self.store = store
-        self.run_id = run_id
-
-    def report(self, counts: dict[str, int]) -> None:
-        self.store.incr_usage(self.run_id, counts)
-
-    def report_once(self, receipt: str, counts: dict[str, int]) -> bool:
-        batch = Batch(self.run_id).expect(k.K_DATA, k.receipt_field(receipt), None, "receipt")
-        batch.hset(k.K_DATA, k.receipt_field(receipt), "1")
-        for name, amount in counts.items():
-            batch.hincr(k.K_RUN, f"u:{name}", amount)
-        return self.store.apply(batch) is None
+# Set in Celery prefork pool processes (worker_process_init): only there may a worker stop a
+# callback that overran its grace period by ending its own process (the pool replaces it).
+hard_stop_allowed = False
 
 
 class Executor:
@@ -94,22 +56,19 @@ class Executor:
         self.settings = settings
         self.send = send
         self.worker = worker
-        self.watcher = Watcher(store, settings.watch_interval_s)
+        self.watcher = Watcher(store, settings)
 
     # entry point ----------------------------------------------------------------------------
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> str:
-        """Process one message. Returns what happened: committed, skipped, stale, dropped, ..."""
+        """Process one message. Returns what happened: committed, stale, dropped, ..."""
         fields = self._data_fields(phase, key, round)
         for _ in range(MAX_REPLANS):
             snap = self.store.snapshot(run_id, fields)
-            if snap is None:
-                log.error("run %s not found (never started or expired); dropping %s %s round %s",
-                          run_id, phase.value, key, round)
+            if snap is None or key not in snap.raw_tasks:
+                what = "run" if snap is None else f"task {key!r} of run"
+                log.error("%s %s not found (never started, or expired); dropping %s round %s",
+                          what, run_id, phase.value, round)
                 self.store.incr_stat("dropped_unknown_run")
-                return "dropped"
-            if key not in snap.raw_tasks:
-                log.error("run %s has no task %r; dropping message", run_id, key)
-                self.store.incr_stat("dropped_unknown_task")
                 return "dropped"
             record = snap.task(key)
             if record.state is not _QUEUED_OF[phase] or record.round != round or record.token != token:
@@ -117,32 +76,34 @@ class Executor:
             try:
                 workflow = self._workflow(snap)
             except TaskLoopError as exc:
-                result = self._commit_event(None, snap, key, PhaseEvent(
-                    EventKind.FAIL, clock.now(), error=ErrorRecord(type=type(exc).__name__, message=str(exc))))
-                if result is not None:
-                    return result
-                continue
-            if snap.control is not None:
-                result = self._commit_event(workflow, snap, key, PhaseEvent(EventKind.CANCEL, clock.now()))
-                if result is not None:
-                    return result
-                continue
-            task = workflow.task(key)
-            if not record.prepared and task.condition is not None:
-                result = self._condition(workflow, task, snap)
-                if result == "replan":
-                    continue
-                if result is not None:
-                    return result
-            begun = self._begin(workflow, task, snap, record)
-            if begun == "replan":
-                continue
-            if isinstance(begun, str):
-                return begun
-            return self._run(workflow, task, snap, begun)
+                error = ErrorRecord(type=type(exc).__name__, message=str(exc))
+                result = self._apply(_stub_workflow(snap), snap, key, Outcome(EventKind.FAIL, error=error))
+            else:
+                result = self._step(workflow, workflow.task(key), snap, record)
+            if result is not None:
+                return result
         raise RuntimeError(f"could not record {phase.value} of {run_id}/{key}: too many conflicts")
 
-    # steps ----------------------------------------------------------------------------------
+    def _step(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str | None:
+        """One attempt at handling an admitted message; None means: read again and re-plan."""
+        if snap.control is not None:
+            return self._apply(workflow, snap, task.key, Outcome(EventKind.CANCEL, cancelled=True))
+        now = clock.now()
+        if record.deadline is not None and now >= record.deadline:  # the round ran out while queued
+            return self._apply(workflow, snap, task.key, self._resolve(task, record, _timeout(task, record),
+                                                                        Signal(), snap, now))
+        found: caching.Lookup | None = None
+        if not record.prepared:
+            prepared = self._prepare(workflow, task, snap)
+            if not isinstance(prepared, caching.Lookup):
+                return prepared
+            found = prepared
+        begun = self._begin(workflow, task, snap, record, found)
+        if begun is None or isinstance(begun, str):
+            return begun
+        return self._run(workflow, task, *begun)
+
+    # reading --------------------------------------------------------------------------------
     def _data_fields(self, phase: Phase, key: str, round: int) -> list[str]:
         if phase is Phase.CHECK:
             return [k.candidate_field(key, round)]
@@ -169,17 +130,21 @@ class Executor:
                   f"({record.state.value} round {record.round} token {record.token})")
         log.info("run %s task %s: refused stale delivery: %s", snap.run_id, record.key, reason)
         self.store.incr_stat("stale_deliveries", run_id=snap.run_id)
-        batch = Batch(snap.run_id).event(Event(type=ev.STALE, key=record.key, round=round, phase=phase.value,
-                                               at=clock.now(), data={"token": token, "reason": reason}))
-        self.store.apply(batch)
+        self.store.apply(Batch(snap.run_id).event(Event(
+            type=ev.STALE, key=record.key, round=round, phase=phase.value, at=clock.now(),
+            data={"token": token, "reason": reason})))
         return "stale"
 
-    def _commit_event(self, workflow: Workflow | None, snap: Snapshot, key: str, event: PhaseEvent) -> str | None:
-        """Apply one event with full settling. None means: the snapshot was stale, read again."""
-        if workflow is None:  # the definition is missing: fail this task and stop the run
-            workflow = _stub_workflow(snap)
-        planner = Planner(workflow, snap, event.at, self.settings)
-        planner.move(key, event)
+    # writing --------------------------------------------------------------------------------
+    def _apply(self, workflow: Workflow, snap: Snapshot, key: str, outcome: Outcome,
+               extra_events: list[Event] | None = None) -> str | None:
+        """Record one outcome with full settling. None: the snapshot was stale, read again."""
+        now = clock.now()
+        planner = Planner(workflow, snap, now, self.settings)
+        planner.data.update(outcome.data)
+        planner.events.extend(extra_events or ())
+        planner.move(key, PhaseEvent(outcome.kind, now, error=outcome.error, feedback=outcome.feedback,
+                                     cache_hit=outcome.cache_hit, not_before=outcome.retry_at))
         planner.settle()
         return self._commit(planner, workflow)
 
@@ -196,8 +161,7 @@ class Executor:
     def _observe(self, workflow: Workflow, run_id: str, events: list[Event]) -> None:
         if not workflow.observers:
             return
-        stamped = [e.model_copy(update={"run_id": run_id}) for e in events]
-        failures = notify(workflow.observers, stamped)
+        failures = notify(workflow.observers, [e.model_copy(update={"run_id": run_id}) for e in events])
         if failures:
             batch = Batch(run_id)
             for failure in failures:
@@ -205,45 +169,31 @@ class Executor:
             self.store.apply(batch)
             self.store.incr_stat("observer_errors", len(failures), run_id=run_id)
 
-    def _context(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-                 signal: Signal, attempt: int, phase: Phase | None) -> TaskContext:
-        cache: dict[str, Any] = {}
+    # steps ----------------------------------------------------------------------------------
+    def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot) -> str | caching.Lookup | None:
+        """Condition and cache, before the first execution of an activation (attempt 0)."""
+        ctx = build_context(self.store, workflow, task, snap, snap.task(task.key), Signal(), None)
+        if task.condition is not None:
+            try:
+                keep = invoke(task.condition, ctx)
+            except Exception as exc:
+                return self._apply(workflow, snap, task.key, Outcome(EventKind.FAIL, error=error_record(exc)))
+            if not keep:
+                return self._apply(workflow, snap, task.key, Outcome(EventKind.SKIP))
+        if task.cache is None or snap.task(task.key).attempts:  # no cache lookup on a resume
+            return caching.Lookup()
+        store = caching.store_for(task.cache, self.store)
+        found = caching.lookup(task.cache, ctx, workflow.name, task.key, store, clock.now())
+        if found.error is not None:
+            return self._apply(workflow, snap, task.key, Outcome(EventKind.FAIL, error=found.error), found.events)
+        if found.hit:
+            assert found.value_raw is not None
+            hit = Outcome(EventKind.SUCCEED, {k.value_field(task.key): found.value_raw}, cache_hit=True)
+            return self._apply(workflow, snap, task.key, hit, found.events)
+        return found
 
-        def load_value(dep: str) -> Any:
-            if not cache:
-                raws = self.store.data(snap.run_id, [k.value_field(d) for d in task.after])
-                cache.update({d: json.loads(raw) if raw is not None else None
-                              for d, raw in zip(task.after, raws, strict=True)})
-            return cache[dep]
-
-        common: dict[str, Any] = dict(
-            run_id=snap.run_id, workflow=workflow.name, key=task.key, input=json.loads(snap.run["input"]),
-            attempt=attempt, signal=signal, after=task.after, load_value=load_value,
-            usage=_Usage(self.store, snap.run_id),
-        )
-        if phase is None:  # condition or cache key: evaluated with attempt 0, before any phase
-            return TaskContext(idempotency_key=f"{snap.run_id}/{task.key}/condition", **common)
-        idempotency_key = f"{snap.run_id}/{task.key}/{record.round}/{phase.value}"
-        if task.is_loop:
-            return LoopContext(round=record.round, phase=phase.value, idempotency_key=idempotency_key, **common)
-        return TaskContext(idempotency_key=idempotency_key, **common)
-
-    def _condition(self, workflow: Workflow, task: Task, snap: Snapshot) -> str | None:
-        assert task.condition is not None
-        ctx = self._context(workflow, task, snap, snap.task(task.key), Signal(), 0, None)
-        try:
-            keep = invoke(task.condition, ctx)
-        except Exception as exc:
-            event = PhaseEvent(EventKind.FAIL, clock.now(), error=error_record(exc))
-        else:
-            if keep:
-                return None
-            event = PhaseEvent(EventKind.SKIP, clock.now())
-        return self._commit_event(workflow, snap, task.key, event) or "replan"
-
-    def _begin(
-        self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord
-    ) -> str | tuple[Snapshot, TaskRecord]:
+    def _begin(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+               found: caching.Lookup | None) -> str | tuple[Snapshot, TaskRecord] | None:
         now = clock.now()
         planner = Planner(workflow, snap, now, self.settings)
         begun = planner.move(task.key, PhaseEvent(EventKind.BEGIN, now, worker=self.worker,
@@ -258,94 +208,102 @@ class Executor:
                 planner.caps.append(("u:input", budget.input_tokens, 1, "budget:input_tokens"))
             if budget.output_tokens is not None:
                 planner.caps.append(("u:output", budget.output_tokens, 1, "budget:output_tokens"))
+        if found is not None:
+            planner.events.extend(found.events)
+            if found.fingerprint is not None:
+                planner.data[k.cache_fingerprint_field(task.key)] = found.fingerprint
         planner.events.append(Event(type=ev.EXEC, key=task.key, round=begun.round, phase=_phase(begun),
                                     attempt=begun.attempts, at=now,
                                     data={"worker": self.worker, "replay": begun.execs > 1}))
         conflict = self.store.apply(planner.batch())
         if conflict is None:
             return Snapshot(snap.run_id, snap.run, {**snap.raw_tasks, task.key: begun.dump()}, snap.data), begun
-        if conflict.label.startswith("budget:"):
-            limit = getattr(budget, conflict.label.removeprefix("budget:"))
-            error = ErrorRecord(
-                type="WorkflowBudgetExceeded",
-                message=(f"workflow {workflow.name} spent its budget of {limit} "
-                         f"{conflict.label.removeprefix('budget:').replace('_', ' ')} before "
-                         f"{task.key} round {record.round} could start; raise the Budget or need fewer rounds"),
-                details={"budget": conflict.label.removeprefix("budget:"), "limit": limit},
-            )
-            failed = self._commit_event(workflow, snap, task.key, PhaseEvent(EventKind.FAIL, now, error=error))
-            return failed or "replan"
-        return "replan"
+        if not conflict.label.startswith("budget:"):
+            return None
+        name = conflict.label.removeprefix("budget:")
+        limit = getattr(budget, name)
+        error = ErrorRecord(
+            type="WorkflowBudgetExceeded",
+            message=(f"workflow {workflow.name} spent its budget of {limit} {name.replace('_', ' ')} before "
+                     f"{task.key} {_step_name(task, record)} could start; raise Budget({name}=...) or "
+                     "need fewer rounds"),
+            details={"budget": name, "limit": limit, "used": int(conflict.current or 0)},
+        )
+        return self._apply(workflow, snap, task.key, Outcome(EventKind.FAIL, error=error))
 
-    def _run(self, workflow: Workflow, task: Task, snap: Snapshot, begun: tuple[Snapshot, TaskRecord]) -> str:
-        snap, record = begun
+    def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str:
         phase = record.phase
         assert phase is not None
         signal = Signal()
-        ctx = self._context(workflow, task, snap, record, signal, record.attempts, phase)
-        lease_s = self.settings.running_lease_s
-        with self.watcher.watch(snap.run_id, task.key, snap.raw_tasks[task.key], signal, record.deadline, lease_s):
-            outcome = self._call(task, phase, ctx, snap)
+        ctx = build_context(self.store, workflow, task, snap, record, signal, phase)
+
+        def overrun(reason: str) -> None:
+            """The callback ignored its signal past the grace period: record for it, then stop it."""
+            outcome = _timeout(task, record) if reason == "timeout" else Outcome(EventKind.CANCEL, cancelled=True)
+            result = self._record(workflow, task, snap, record, outcome, signal)
+            log.error("run %s task %s: %s %s ignored its %s signal past the grace period; recorded (%s)%s",
+                      snap.run_id, task.key, phase.value, _step_name(task, record), reason, result,
+                      "; stopping this pool process" if hard_stop_allowed else "")
+            if hard_stop_allowed:
+                os.kill(os.getpid(), signals.SIGKILL)
+
+        with self.watcher.watch(snap.run_id, task.key, snap.raw_tasks[task.key], signal, record.deadline, overrun):
+            outcome = call_phase(task, phase, ctx, snap)
         return self._record(workflow, task, snap, record, outcome, signal)
 
-    def _call(self, task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Outcome:
-        key, round = task.key, getattr(ctx, "round", 0)
-        try:
-            if phase is Phase.CHECK:
-                assert task.check is not None
-                raw = snap.data[k.candidate_field(key, round)]
-                check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
-                check_raw = dumps(check.model_dump())
-                if check.done:
-                    return Outcome(EventKind.ACCEPT, {k.check_field(key, round): check_raw,
-                                                      k.value_field(key): raw or "null"})
-                return Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
-            if phase is Phase.ATTEMPT:
-                assert task.attempt is not None
-                previous = snap.data.get(k.check_field(key, round - 1)) if round > 1 else None
-                feedback = json.loads(previous)["feedback"] if previous else None
-                result = invoke(task.attempt, ctx, feedback)
-                kind, field = EventKind.CANDIDATE, k.candidate_field(key, round)
-            else:
-                assert task.run is not None
-                result = invoke(task.run, ctx)
-                kind, field = EventKind.SUCCEED, k.value_field(key)
-        except Cancelled as exc:
-            return Outcome(EventKind.CANCEL, {}, error=error_record(exc), cancelled=True)
-        except Exception as exc:
-            return Outcome(EventKind.FAIL, {}, error=error_record(exc))
-        problem = lossless_problem(result)
-        if problem is not None:
-            message = (f"outputs must be lossless JSON values: {problem} (task {key}"
-                       f"{f' round {round}' if task.is_loop else ''}); return None, bool, int, finite "
-                       "float, str, list or dict with str keys")
-            return Outcome(EventKind.FAIL, {}, error=ErrorRecord(type="InvalidOutput", message=message))
-        return Outcome(kind, {field: dumps(result)})
+    def _resolve(self, task: Task, record: TaskRecord, outcome: Outcome, signal: Signal,
+                 snap: Snapshot, now: float) -> Outcome:
+        """Turn what the callback produced into what is recorded: timeout, cancel, retry."""
+        timed_out = signal.reason == "timeout" or (record.deadline is not None and now >= record.deadline)
+        if timed_out and not _is_timeout(outcome):
+            outcome = _timeout(task, record)
+        kind = outcome.kind
+        if outcome.cancelled and not signal.cancelled and snap.control is None:
+            kind = EventKind.FAIL  # Cancelled raised by the callback itself, not by a signal
+        if snap.control is not None and (kind in _FORWARD or outcome.cancelled):
+            kind = EventKind.CANCEL  # the run was cancelled or stopped: start nothing new
+        if kind is EventKind.FAIL and task.retry is not None and snap.control is None and record.round < record.limit:
+            error = outcome.exception or TaskLoopError(outcome.error.message if outcome.error else "failed")
+            try:
+                accepted = task.retry.accepts is None or bool(task.retry.accepts(error, record.round))
+            except Exception:
+                log.exception("retry.accepts of task %s raised; not retrying", task.key)
+                accepted = False
+            if accepted:
+                delay_ms = task.retry.delay_before(record.round + 1)
+                if task.retry.jitter == "full":
+                    delay_ms = int(random.uniform(0, delay_ms))
+                return Outcome(EventKind.RETRY, outcome.data, outcome.error, outcome.exception,
+                               retry_at=now + delay_ms / 1000.0)
+        if kind is outcome.kind:
+            return outcome
+        return Outcome(kind, outcome.data, outcome.error, outcome.exception, outcome.feedback, outcome.cancelled)
 
     def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord,
                 outcome: Outcome, signal: Signal) -> str:
         key = task.key
         begun_raw = snap.raw_tasks[key]
-        for attempt in range(MAX_REPLANS):
-            if attempt:
+        extra: list[Event] = []
+        for replan in range(MAX_REPLANS):
+            if replan:
                 fresh = self.store.snapshot(snap.run_id)
                 if fresh is None or fresh.raw_tasks.get(key) != begun_raw:
                     return self._superseded(snap, begun)
                 snap = fresh
-            now = clock.now()
-            planner = Planner(workflow, snap, now, self.settings)
-            kind = outcome.kind
-            if outcome.cancelled and not signal.cancelled:
-                kind = EventKind.FAIL  # Cancelled raised by the callback itself, not by a signal
-            if snap.control is not None and kind in (EventKind.CANDIDATE, EventKind.REJECT, EventKind.RETRY):
-                kind = EventKind.CANCEL  # the run was cancelled or stopped: start nothing new
-            planner.data.update(outcome.data)
-            planner.move(key, PhaseEvent(kind, now, error=outcome.error, feedback=outcome.feedback))
-            planner.settle()
-            result = self._commit(planner, workflow)
-            if result is not None:
-                return result
+            resolved = self._resolve(task, begun, outcome, signal, snap, clock.now())
+            if not extra and task.cache is not None and resolved.kind in (EventKind.ACCEPT, EventKind.SUCCEED):
+                extra = self._write_back(task, snap, resolved)
+            if self._apply(workflow, snap, key, resolved, extra) is not None:
+                return "committed"
         raise RuntimeError(f"could not record the outcome of {snap.run_id}/{key}: too many conflicts")
+
+    def _write_back(self, task: Task, snap: Snapshot, outcome: Outcome) -> list[Event]:
+        assert task.cache is not None
+        (fingerprint,) = self.store.data(snap.run_id, [k.cache_fingerprint_field(task.key)])
+        if fingerprint is None:
+            return []
+        store = caching.store_for(task.cache, self.store)
+        return [caching.write_back(store, task.key, fingerprint, outcome.data[k.value_field(task.key)], clock.now())]
 
     def _superseded(self, snap: Snapshot, begun: TaskRecord) -> str:
         log.warning("run %s task %s: phase was taken over while it ran (token %s); its outcome is discarded",
@@ -361,13 +319,25 @@ def _phase(record: TaskRecord) -> str | None:
     return record.phase.value if record.phase is not None else None
 
 
-def _stub_workflow(snap: Snapshot) -> Workflow:
-    """A stand-in with the run's task graph when the real definition is not importable here."""
-    from taskloop.definitions import Task as _Task
-    from taskloop.definitions import TaskKind
-    from taskloop.definitions import Workflow as _Workflow
+def _step_name(task: Task, record: TaskRecord) -> str:
+    return f"round {record.round}" if task.is_loop else f"try {record.round}"
 
-    tasks = tuple(_Task(key=key, kind=TaskKind(rec.kind)) for key, rec in snap.tasks().items())
+
+def _timeout(task: Task, record: TaskRecord) -> Outcome:
+    message = f"task {task.key} timed out: {_step_name(task, record)} ran past timeout_ms={task.timeout_ms}"
+    exc = TaskTimeout(task.key, "TaskTimeout", message)
+    error = ErrorRecord(type="TaskTimeout", message=message,
+                        details={"timeout_ms": task.timeout_ms, "round": record.round})
+    return Outcome(EventKind.FAIL, error=error, exception=exc)
+
+
+def _is_timeout(outcome: Outcome) -> bool:
+    return outcome.error is not None and outcome.error.type == "TaskTimeout"
+
+
+def _stub_workflow(snap: Snapshot) -> Workflow:
+    """A stand-in with the run's tasks when the real definition is not importable here."""
+    tasks = tuple(Task(key=key, kind=TaskKind(rec.kind)) for key, rec in snap.tasks().items())
     by_key = {t.key: t for t in tasks}
-    return _Workflow(name=snap.run.get("wf", "?"), version=snap.run.get("ver", "?"), tasks=tasks,
-                     by_key=by_key, dependents={}, order=tuple(by_key))
+    return Workflow(name=snap.run.get("wf", "?"), version=snap.run.get("ver", "?"), tasks=tasks,
+                    by_key=by_key, dependents={}, order=tuple(by_key))

@@ -10,9 +10,10 @@ import logging
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
+from taskloop import executor as executor_module
 from taskloop.app import send_phase
 from taskloop.config import settings
 from taskloop.executor import Executor
@@ -30,6 +31,13 @@ class PhaseMessage(BaseModel):
     key: StrictStr
     round: StrictInt
     token: StrictInt
+
+
+@signals.worker_process_init.connect
+def _in_pool_process(**_: Any) -> None:
+    """A prefork pool process: it may end itself to stop a callback that overran (the pool forks
+    a replacement)."""
+    executor_module.hard_stop_allowed = True
 
 
 _executor: Executor | None = None

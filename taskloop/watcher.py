@@ -1,9 +1,16 @@
 """One background thread per worker process that watches the phases it is running.
 
-For each running phase it sets ``ctx.signal`` when the run is cancelled or stopped (polling the
-run's control field every ``TASKLOOP_WATCH_INTERVAL_S``) or when the round's deadline passes,
-and it renews the phase's lease (guarded by the phase record, so a worker whose phase was taken
-over learns it: its signal is set with reason ``superseded``).
+For each running phase it:
+
+- sets ``ctx.signal`` with reason ``timeout`` when the round's deadline passes, and with the
+  run's reason when the run is cancelled or stopped (polling the run's control field every
+  ``TASKLOOP_WATCH_INTERVAL_S``);
+- renews the phase's lease, guarded by the phase record: a worker whose phase was taken over
+  learns it (its signal is set with reason ``superseded``);
+- calls the phase's ``overrun`` hook once when the callback ignored its signal for longer
+  than the grace period (``TASKLOOP_TIMEOUT_GRACE_S`` after a deadline,
+  ``TASKLOOP_CANCEL_GRACE_S`` after a cancel or stop): the executor records the outcome and
+  stops the process.
 """
 
 from __future__ import annotations
@@ -11,11 +18,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from taskloop import clock
+from taskloop.config import Settings
 from taskloop.context import Signal
 from taskloop.errors import StoreUnavailable
 from taskloop.scheduler import control_reason
@@ -31,14 +39,16 @@ class _Watch:
     raw_record: str
     signal: Signal
     deadline: float | None
-    lease_s: float
+    overrun: Callable[[str], None]
     renewed_at: float
+    polled_at: float = 0.0
+    overran: bool = False
 
 
 class Watcher:
-    def __init__(self, store: RedisStore, interval: float) -> None:
+    def __init__(self, store: RedisStore, settings: Settings) -> None:
         self.store = store
-        self.interval = interval
+        self.settings = settings
         self._watches: dict[int, _Watch] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -46,15 +56,15 @@ class Watcher:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watch(
-        self, run_id: str, key: str, raw_record: str, signal: Signal, deadline: float | None, lease_s: float
-    ) -> Iterator[None]:
+    def watch(self, run_id: str, key: str, raw_record: str, signal: Signal, deadline: float | None,
+              overrun: Callable[[str], None]) -> Iterator[None]:
         watch_id = next(self._ids)
         with self._lock:
-            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, lease_s, clock.now())
+            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, clock.now())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="taskloop-watcher", daemon=True)
                 self._thread.start()
+        self._wake.set()  # re-plan the next wake-up with this deadline in view
         try:
             yield
         finally:
@@ -63,7 +73,8 @@ class Watcher:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self.interval)
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
             with self._lock:
                 watches = list(self._watches.values())
             for watch in watches:
@@ -74,17 +85,36 @@ class Watcher:
                 except Exception:  # the watcher must survive anything
                     log.exception("watcher failed on %s/%s", watch.run_id, watch.key)
 
+    def _next_wait(self) -> float:
+        wait = self.settings.watch_interval_s
+        now = clock.now()
+        with self._lock:
+            for watch in self._watches.values():
+                if watch.deadline is not None and not watch.signal.cancelled:
+                    wait = min(wait, max(watch.deadline - now, 0.0))
+        return wait
+
     def _check(self, watch: _Watch) -> None:
         now = clock.now()
         if watch.deadline is not None and now >= watch.deadline:
             watch.signal.set("timeout")
-        (control,) = self.store.run_fields(watch.run_id, "ctl")
-        reason = control_reason(control)
-        if reason is not None:
-            watch.signal.set(reason)
-        if now - watch.renewed_at >= watch.lease_s / 3:
-            lease = max(watch.lease_s, (watch.deadline or now) - now + watch.lease_s)
-            batch = Batch(watch.run_id).expect_task(watch.key, watch.raw_record).lease(watch.key, now + lease)
+        if now - watch.polled_at >= self.settings.watch_interval_s:
+            watch.polled_at = now
+            (control,) = self.store.run_fields(watch.run_id, "ctl")
+            reason = control_reason(control)
+            if reason is not None:
+                watch.signal.set(reason)
+        lease = self.settings.running_lease_s
+        if now - watch.renewed_at >= lease / 3:
+            until = max(now + lease, (watch.deadline or now) + self.settings.timeout_grace_s + 1.0)
+            batch = Batch(watch.run_id).expect_task(watch.key, watch.raw_record).lease(watch.key, until)
             if self.store.apply(batch) is not None:
                 watch.signal.set("superseded")
             watch.renewed_at = now
+        if watch.overran or not watch.signal.cancelled or watch.signal.reason == "superseded":
+            return
+        grace = self.settings.timeout_grace_s if watch.signal.reason == "timeout" else self.settings.cancel_grace_s
+        assert watch.signal.set_at is not None
+        if now >= watch.signal.set_at + grace:
+            watch.overran = True
+            watch.overrun(watch.signal.reason or "cancelled")

@@ -85,3 +85,13 @@ def traceback_field(key: str) -> str:
 
 def receipt_field(receipt: str) -> str:
     return f"rcpt:{receipt}"
+
+
+def cache_fingerprint_field(key: str) -> str:
+    """The cache fingerprint a task computed before its first attempt (written back on success)."""
+    return f"fp:{key}"
+
+
+def cache_key(fingerprint: str) -> str:
+    """The default cache store's entry (global: shared by runs)."""
+    return f"{PREFIX}:cache:{fingerprint}"

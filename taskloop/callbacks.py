@@ -1,0 +1,137 @@
+"""Calling user code: contexts, sync/async invocation, and turning results into outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskloop.context import LoopContext, Signal, TaskContext
+from taskloop.definitions import Task, Workflow
+from taskloop.errors import Cancelled
+from taskloop.jsonvalue import dumps, lossless_problem
+from taskloop.options import LoopCheck
+from taskloop.phases import ErrorRecord, EventKind, Phase, TaskRecord
+from taskloop.store import Batch, RedisStore, Snapshot
+from taskloop.store import keys as k
+
+JSON_FIX = "return None, bool, int, finite float, str, list or dict with str keys"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a callback produced: the event to apply plus the data to record with it."""
+
+    kind: EventKind
+    data: dict[str, str] = field(default_factory=dict)
+    error: ErrorRecord | None = None
+    exception: BaseException | None = None
+    feedback: str | None = None
+    cancelled: bool = False
+    retry_at: float | None = None  # RETRY: when the next try is due (epoch seconds)
+    cache_hit: bool = False  # SUCCEED restored from the cache
+
+
+def error_record(exc: BaseException, **details: Any) -> ErrorRecord:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return ErrorRecord(type=type(exc).__name__, message=str(exc), details={"traceback": tb, **details})
+
+
+def failure(exc: BaseException) -> Outcome:
+    return Outcome(EventKind.FAIL, error=error_record(exc), exception=exc)
+
+
+def invoke(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a sync or async callback and return its result."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        async def wait() -> Any:
+            return await result
+        result = asyncio.run(wait())
+    return result
+
+
+class Usage:
+    """ctx.report_usage: counters in the run hash; receipts make a report count once."""
+
+    def __init__(self, store: RedisStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    def report(self, counts: dict[str, int]) -> None:
+        self.store.incr_usage(self.run_id, counts)
+
+    def report_once(self, receipt: str, counts: dict[str, int]) -> bool:
+        batch = Batch(self.run_id).expect(k.K_DATA, k.receipt_field(receipt), None, "receipt")
+        batch.hset(k.K_DATA, k.receipt_field(receipt), "1")
+        for name, amount in counts.items():
+            batch.hincr(k.K_RUN, f"u:{name}", amount)
+        return self.store.apply(batch) is None
+
+
+def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+                  signal: Signal, phase: Phase | None) -> TaskContext:
+    """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0)."""
+    values: dict[str, Any] = {}
+
+    def load_value(dep: str) -> Any:
+        if not values:
+            raws = store.data(snap.run_id, [k.value_field(d) for d in task.after])
+            values.update({d: json.loads(raw) if raw is not None else None
+                           for d, raw in zip(task.after, raws, strict=True)})
+        return values[dep]
+
+    common: dict[str, Any] = dict(
+        run_id=snap.run_id, workflow=workflow.name, key=task.key, input=json.loads(snap.run["input"]),
+        signal=signal, after=task.after, load_value=load_value, usage=Usage(store, snap.run_id),
+    )
+    if phase is None:
+        return TaskContext(attempt=0, idempotency_key=f"{snap.run_id}/{task.key}/prepare", **common)
+    idempotency_key = f"{snap.run_id}/{task.key}/{record.round}/{phase.value}"
+    if task.is_loop:
+        return LoopContext(round=record.round, phase=phase.value, attempt=record.attempts,
+                           idempotency_key=idempotency_key, **common)
+    return TaskContext(attempt=record.attempts, idempotency_key=idempotency_key, **common)
+
+
+def non_json(problem: str, task: Task, round: int) -> Outcome:
+    where = f" round {round}" if task.is_loop else ""
+    message = f"outputs must be lossless JSON values: {problem} (task {task.key}{where}); {JSON_FIX}"
+    return Outcome(EventKind.FAIL, error=ErrorRecord(type="InvalidOutput", message=message))
+
+
+def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Outcome:
+    """Run the phase's callback and describe what it produced (never raises for user errors)."""
+    key, round = task.key, getattr(ctx, "round", 0)
+    try:
+        if phase is Phase.CHECK:
+            assert task.check is not None
+            raw = snap.data[k.candidate_field(key, round)]
+            check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
+            check_raw = dumps(check.model_dump())
+            if check.done:
+                return Outcome(EventKind.ACCEPT, {k.check_field(key, round): check_raw,
+                                                  k.value_field(key): raw or "null"})
+            return Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
+        if phase is Phase.ATTEMPT:
+            assert task.attempt is not None
+            previous = snap.data.get(k.check_field(key, round - 1)) if round > 1 else None
+            feedback = json.loads(previous)["feedback"] if previous else None
+            result = invoke(task.attempt, ctx, feedback)
+            kind, field_name = EventKind.CANDIDATE, k.candidate_field(key, round)
+        else:
+            assert task.run is not None
+            result = invoke(task.run, ctx)
+            kind, field_name = EventKind.SUCCEED, k.value_field(key)
+    except Cancelled as exc:
+        return Outcome(EventKind.CANCEL, error=error_record(exc), exception=exc, cancelled=True)
+    except Exception as exc:
+        return failure(exc)
+    problem = lossless_problem(result)
+    if problem is not None:
+        return non_json(problem, task, round)
+    return Outcome(kind, {field_name: dumps(result)})
