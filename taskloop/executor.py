@@ -41,7 +41,6 @@ log = logging.getLogger("taskloop.executor")
 Sender = Callable[[Workflow, str, Dispatch], None]
 MAX_REPLANS = 50
 _QUEUED_OF = {Phase.ATTEMPT: State.QUEUED_ATTEMPT, Phase.CHECK: State.QUEUED_CHECK, Phase.RUN: State.QUEUED_RUN}
-_FORWARD = (EventKind.CANDIDATE, EventKind.REJECT, EventKind.RETRY)
 
 # Set in Celery prefork pool processes (worker_process_init): only there may a worker stop a
 # callback that overran its grace period by ending its own process (the pool replaces it).
@@ -260,8 +259,8 @@ class Executor:
         kind = outcome.kind
         if outcome.cancelled and not signal.cancelled and snap.control is None:
             kind = EventKind.FAIL  # Cancelled raised by the callback itself, not by a signal
-        if snap.control is not None and (kind in _FORWARD or outcome.cancelled):
-            kind = EventKind.CANCEL  # the run was cancelled or stopped: start nothing new
+        if snap.control is not None and kind is not EventKind.FAIL:
+            kind = EventKind.CANCEL  # the run was cancelled or stopped: the phase ends cancelled
         if kind is EventKind.FAIL and task.retry is not None and snap.control is None and record.round < record.limit:
             error = outcome.exception or TaskLoopError(outcome.error.message if outcome.error else "failed")
             try:

@@ -19,6 +19,7 @@ from taskloop import config
 from taskloop.embedded import RedisServer, spawn_worker
 
 REPO = Path(__file__).resolve().parent.parent
+FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows")
 
 
 def _redis_available() -> bool:
@@ -63,7 +64,7 @@ class Workers:
         self.logdir = logdir
         self.procs: dict[str, object] = {}
 
-    def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = ("tests.integration.flows",),
+    def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = FLOW_MODULES,
               env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
         logfile = self.logdir / f"{name}.log"
         extra = {"PYTHONPATH": str(REPO), **(env or {})}

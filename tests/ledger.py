@@ -1,0 +1,52 @@
+"""An offline checker of a run's event history: every phase that was opened is closed exactly once.
+
+Grammar per task: ``phase(n, attempt|run)`` opens a phase; ``phase(n, check)`` closes the
+attempt and opens the check; ``phase(n, complete)`` closes the check; the next ``phase`` event
+closes the open one (a new round, or a retry); a terminal ``task`` event closes whatever is
+open. ``exec`` events must fall inside an open phase with the same round and phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from taskloop.events import Event
+
+TERMINAL = {"done", "failed", "skipped", "cancelled", "rejected"}
+
+
+def ledger_problems(events: Iterable[Event]) -> list[str]:
+    problems: list[str] = []
+    open_phase: dict[str, tuple[int, str] | None] = {}
+    finished: set[str] = set()
+    for e in events:
+        if e.key is None:
+            continue
+        current = open_phase.get(e.key)
+        if e.type == "phase":
+            assert e.round is not None and e.phase is not None
+            if e.phase == "complete":
+                if current != (e.round, "check"):
+                    problems.append(f"{e.key}: complete of round {e.round} without an open check ({current})")
+                open_phase[e.key] = None
+            else:
+                if e.phase == "check" and current != (e.round, "attempt"):
+                    problems.append(f"{e.key}: check of round {e.round} without an open attempt ({current})")
+                open_phase[e.key] = (e.round, e.phase)
+        elif e.type == "exec":
+            if current != (e.round, e.phase):
+                problems.append(f"{e.key}: exec of {e.round}/{e.phase} outside its phase ({current})")
+        elif e.type == "task" and e.data and e.data.get("status") in TERMINAL:
+            if e.key in finished:
+                problems.append(f"{e.key}: a second terminal status ({e.data['status']})")
+            finished.add(e.key)
+            open_phase[e.key] = None
+    for key, current in open_phase.items():
+        if current is not None:
+            problems.append(f"{key}: phase {current} was never closed")
+    return problems
+
+
+def assert_balanced(events: Iterable[Event]) -> None:
+    problems = ledger_problems(events)
+    assert not problems, "\n".join(problems)
