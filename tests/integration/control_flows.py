@@ -182,3 +182,15 @@ cancellable = tl.define_workflow("cancellable", version="1", tasks=[
     tl.define_loop_task("hold", max_rounds=2, attempt=waiting_attempt, check=waiting_check),
     tl.define_task("later", run=lambda ctx: "never", after=["hold"]),
 ])
+
+# --- gates --------------------------------------------------------------------------------------
+
+draft_task = tl.define_task("draft", run=lambda ctx: "first draft")
+approval = tl.define_gate("approval", prompt="Publish this draft?", actors=["alice"], after=[draft_task])
+publish_task = tl.define_task("publish", run=lambda ctx: f"published {ctx.value(draft_task)}",
+                              after=[draft_task, approval])
+gated_flow = tl.define_workflow("gated", version="1", tasks=[draft_task, approval, publish_task])
+
+edit = tl.define_gate("edit", kind="input", prompt="Give the title")
+titled = tl.define_task("titled", run=lambda ctx: f"title: {ctx.value(edit)}", after=[edit])
+input_flow = tl.define_workflow("input-gate", version="1", tasks=[edit, titled])
