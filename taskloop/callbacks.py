@@ -34,6 +34,7 @@ class Outcome:
     cancelled: bool = False
     retry_at: float | None = None  # RETRY: when the next try is due (epoch seconds)
     cache_hit: bool = False  # SUCCEED restored from the cache
+    reason: str | None = None  # SKIP / CANCEL: why
 
 
 def error_record(exc: BaseException, **details: Any) -> ErrorRecord:

@@ -20,6 +20,7 @@ import os
 import random
 import signal as signals
 from collections.abc import Callable
+from dataclasses import replace
 
 from taskloop import cache as caching
 from taskloop import clock
@@ -31,7 +32,7 @@ from taskloop.definitions import REGISTRY, Task, TaskKind, Workflow
 from taskloop.errors import IncompatibleDefinition, TaskLoopError, TaskTimeout, WorkflowNotRegistered
 from taskloop.events import Event, notify
 from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, TaskRecord
-from taskloop.scheduler import Dispatch, Planner
+from taskloop.scheduler import Dispatch, Planner, ending_reason
 from taskloop.store import Batch, RedisStore, Snapshot
 from taskloop.store import keys as k
 from taskloop.watcher import Watcher
@@ -86,7 +87,8 @@ class Executor:
     def _step(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str | None:
         """One attempt at handling an admitted message; None means: read again and re-plan."""
         if snap.control is not None:
-            return self._apply(workflow, snap, task.key, Outcome(EventKind.CANCEL, cancelled=True))
+            cancel = Outcome(EventKind.CANCEL, cancelled=True, reason=ending_reason(snap.control))
+            return self._apply(workflow, snap, task.key, cancel)
         now = clock.now()
         if record.deadline is not None and now >= record.deadline:  # the round ran out while queued
             return self._apply(workflow, snap, task.key, self._resolve(task, record, _timeout(task, record),
@@ -143,7 +145,8 @@ class Executor:
         planner.data.update(outcome.data)
         planner.events.extend(extra_events or ())
         planner.move(key, PhaseEvent(outcome.kind, now, error=outcome.error, feedback=outcome.feedback,
-                                     cache_hit=outcome.cache_hit, not_before=outcome.retry_at))
+                                     cache_hit=outcome.cache_hit, not_before=outcome.retry_at,
+                                     reason=outcome.reason))
         planner.settle()
         return self._commit(planner, workflow)
 
@@ -178,7 +181,7 @@ class Executor:
             except Exception as exc:
                 return self._apply(workflow, snap, task.key, Outcome(EventKind.FAIL, error=error_record(exc)))
             if not keep:
-                return self._apply(workflow, snap, task.key, Outcome(EventKind.SKIP))
+                return self._apply(workflow, snap, task.key, Outcome(EventKind.SKIP, reason="condition"))
         if task.cache is None or snap.task(task.key).attempts:  # no cache lookup on a resume
             return caching.Lookup()
         store = caching.store_for(task.cache, self.store)
@@ -239,6 +242,7 @@ class Executor:
         def overrun(reason: str) -> None:
             """The callback ignored its signal past the grace period: record for it, then stop it."""
             outcome = _timeout(task, record) if reason == "timeout" else Outcome(EventKind.CANCEL, cancelled=True)
+            # (a cancel's reason is filled in by _resolve from the run's control)
             result = self._record(workflow, task, snap, record, outcome, signal)
             log.error("run %s task %s: %s %s ignored its %s signal past the grace period; recorded (%s)%s",
                       snap.run_id, task.key, phase.value, _step_name(task, record), reason, result,
@@ -256,27 +260,26 @@ class Executor:
         timed_out = signal.reason == "timeout" or (record.deadline is not None and now >= record.deadline)
         if timed_out and not _is_timeout(outcome):
             outcome = _timeout(task, record)
-        kind = outcome.kind
         if outcome.cancelled and not signal.cancelled and snap.control is None:
-            kind = EventKind.FAIL  # Cancelled raised by the callback itself, not by a signal
-        if snap.control is not None and kind is not EventKind.FAIL:
-            kind = EventKind.CANCEL  # the run was cancelled or stopped: the phase ends cancelled
-        if kind is EventKind.FAIL and task.retry is not None and snap.control is None and record.round < record.limit:
+            outcome = replace(outcome, kind=EventKind.FAIL)  # Cancelled raised by the callback itself
+        if snap.control is not None and outcome.kind is not EventKind.FAIL:
+            # the run was cancelled or stopped: the phase ends cancelled (its output is kept)
+            return replace(outcome, kind=EventKind.CANCEL, reason=ending_reason(snap.control))
+        retry = task.retry
+        tries_left = record.round < record.limit and snap.control is None
+        if outcome.kind is EventKind.FAIL and retry is not None and tries_left:
             error = outcome.exception or TaskLoopError(outcome.error.message if outcome.error else "failed")
             try:
-                accepted = task.retry.accepts is None or bool(task.retry.accepts(error, record.round))
+                accepted = retry.accepts is None or bool(retry.accepts(error, record.round))
             except Exception:
                 log.exception("retry.accepts of task %s raised; not retrying", task.key)
                 accepted = False
             if accepted:
-                delay_ms = task.retry.delay_before(record.round + 1)
-                if task.retry.jitter == "full":
+                delay_ms = retry.delay_before(record.round + 1)
+                if retry.jitter == "full":
                     delay_ms = int(random.uniform(0, delay_ms))
-                return Outcome(EventKind.RETRY, outcome.data, outcome.error, outcome.exception,
-                               retry_at=now + delay_ms / 1000.0)
-        if kind is outcome.kind:
-            return outcome
-        return Outcome(kind, outcome.data, outcome.error, outcome.exception, outcome.feedback, outcome.cancelled)
+                return replace(outcome, kind=EventKind.RETRY, retry_at=now + delay_ms / 1000.0)
+        return outcome
 
     def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord,
                 outcome: Outcome, signal: Signal) -> str:

@@ -133,6 +133,7 @@ class TaskRecord(BaseModel):
     token: int = 0  # fencing token: +1 on every transition
     attempts: int = 0  # attempts consumed: one per round/try, plus one per replay
     execs: int = 0  # executions of the current phase (1 = first, more = replays)
+    lost: int = 0  # executions of the current phase lost to a dead worker or an expired lease
     deadline: float | None = None  # epoch seconds; set when the round (or try) starts
     not_before: float | None = None  # retry backoff: the message is due at this time
     worker: str | None = None
@@ -141,6 +142,7 @@ class TaskRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     error: ErrorRecord | None = None
+    reason: str | None = None  # why a task was skipped or cancelled (condition, dependency, stopped, ...)
 
     @property
     def state(self) -> State:
@@ -189,6 +191,7 @@ class PhaseEvent:
     feedback: str | None = None
     cache_hit: bool = False
     not_before: float | None = None
+    reason: str | None = None
 
 
 S = State
@@ -204,6 +207,8 @@ TABLE: dict[tuple[State, EventKind], frozenset[State]] = {
     (S.PAUSED, E.DENY): frozenset({S.REJECTED}),
     (S.PAUSED, E.CANCEL): frozenset({S.CANCELLED}),
     (S.FAILED, E.RESUME): frozenset({S.QUEUED_ATTEMPT, S.QUEUED_CHECK, S.QUEUED_RUN}),
+    (S.CANCELLED, E.RESUME): frozenset({S.WAITING, S.QUEUED_ATTEMPT, S.QUEUED_CHECK, S.QUEUED_RUN}),
+    (S.SKIPPED, E.RESUME): frozenset({S.WAITING}),
 }
 for _queued, _running in (
     (S.QUEUED_ATTEMPT, S.RUNNING_ATTEMPT),
@@ -241,7 +246,7 @@ def exhausted_error(key: str, max_rounds: int, feedback: str | None) -> ErrorRec
 
 def _queue(r: TaskRecord, phase: Phase, round: int, **extra: Any) -> dict[str, Any]:
     return {"status": TaskStatus.ACTIVE, "phase": phase, "slot": Slot.QUEUED, "round": round,
-            "execs": 0, "worker": None, **extra}
+            "execs": 0, "lost": 0, "worker": None, **extra}
 
 
 def _activate(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
@@ -269,6 +274,8 @@ def _finish(status: TaskStatus, phase: Phase | None = None) -> Callable[[TaskRec
             changes["phase"] = phase
         if e.error is not None:
             changes["error"] = e.error
+        if e.reason is not None:
+            changes["reason"] = e.reason
         return changes
     return apply
 
@@ -286,6 +293,12 @@ def _succeed(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     return changes
 
 
+def _skip(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    if r.slot is Slot.QUEUED and (r.execs or r.attempts or r.prepared):
+        raise IllegalTransition(f"task {r.key}: a queued phase is skipped only by its condition, before it first runs")
+    return {**_finish(TaskStatus.SKIPPED)(r, e), "phase": None}
+
+
 def _reject(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     if r.round >= r.limit:
         error = exhausted_error(r.key, r.limit, e.feedback)
@@ -294,17 +307,29 @@ def _reject(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     return _queue(r, Phase.ATTEMPT, r.round + 1, deadline=None)
 
 
+UNRESUMABLE_ERRORS = frozenset({"LoopTaskExhausted", "WorkflowBudgetExceeded"})
+
+
 def _resume(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    """Replay the interrupted phase (keeping its round and execution count), or wait again."""
     if r.error is not None and r.error.type == "LoopTaskExhausted":
         raise IllegalTransition(f"task {r.key} exhausted its {r.limit} rounds; an exhausted loop stays exhausted")
+    if r.error is not None and r.error.type in UNRESUMABLE_ERRORS:
+        raise IllegalTransition(f"task {r.key} failed with {r.error.type}, which a resume cannot undo")
+    if r.status is TaskStatus.SKIPPED and r.reason == "condition":
+        raise IllegalTransition(f"task {r.key} was skipped by its condition; that is its outcome")
+    reset = {"error": None, "finished_at": None, "reason": None, "prepared": False, "deadline": None}
+    if r.status is TaskStatus.SKIPPED or (r.status is TaskStatus.CANCELLED and r.phase is None):
+        return {"status": TaskStatus.WAITING, "slot": None, **reset}
     if r.phase not in (Phase.ATTEMPT, Phase.CHECK, Phase.RUN):
         raise IllegalTransition(f"task {r.key} has no interrupted phase to resume (phase {r.phase})")
-    return _queue(r, r.phase, r.round, deadline=None, error=None, finished_at=None, prepared=False)
+    # execs is kept: the replayed phase consumes one attempt when it begins.
+    return {**_queue(r, r.phase, r.round, **reset), "execs": r.execs}
 
 
 _APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
     E.ACTIVATE: _activate,
-    E.SKIP: _finish(TaskStatus.SKIPPED),
+    E.SKIP: _skip,
     E.BEGIN: _begin,
     E.CANDIDATE: lambda r, e: _queue(r, Phase.CHECK, r.round, deadline=r.deadline),
     E.ACCEPT: _finish(TaskStatus.DONE, Phase.COMPLETE),
@@ -313,7 +338,7 @@ _APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
     E.FAIL: _finish(TaskStatus.FAILED),
     E.RETRY: lambda r, e: _queue(r, Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before),
     E.CANCEL: _finish(TaskStatus.CANCELLED),
-    E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None},
+    E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "lost": r.lost + 1},
     E.REDISPATCH: lambda r, e: {},
     E.APPROVE: _finish(TaskStatus.DONE),
     E.DENY: _finish(TaskStatus.REJECTED),

@@ -47,6 +47,11 @@ def termination_for(error: ErrorRecord | None) -> Termination:
     return _TERMINATION_OF_ERROR.get(error.type if error else "", Termination.FAILED)
 
 
+def ending_reason(control: str) -> str:
+    """What a task ended by a run control records as its reason: ``cancelled`` or ``stopped``."""
+    return "stopped" if control.startswith(STOP_PREFIX) else "cancelled"
+
+
 def control_reason(control: str | None) -> str | None:
     """The signal reason that running phases see for a run control value."""
     if control is None:
@@ -179,11 +184,12 @@ class Planner:
             record = self.tasks[key]
             state = record.state
             if self.control is not None:
+                reason = ending_reason(self.control)
                 if state is State.WAITING:
-                    kind = EventKind.CANCEL if self.control.startswith(CANCEL_PREFIX) else EventKind.SKIP
-                    self.move(key, PhaseEvent(kind, self.now))
+                    kind = EventKind.CANCEL if reason == "cancelled" else EventKind.SKIP
+                    self.move(key, PhaseEvent(kind, self.now, reason=reason))
                 elif state in QUEUED_STATES or state is State.PAUSED:
-                    self.move(key, PhaseEvent(EventKind.CANCEL, self.now))
+                    self.move(key, PhaseEvent(EventKind.CANCEL, self.now, reason=reason))
                 continue
             if state is not State.WAITING:
                 continue
@@ -191,7 +197,7 @@ class Planner:
             if all(d.status is TaskStatus.DONE for d in deps):
                 self.move(key, PhaseEvent(EventKind.ACTIVATE, self.now))
             elif any(d.terminal and d.status is not TaskStatus.DONE for d in deps):
-                self.move(key, PhaseEvent(EventKind.SKIP, self.now))
+                self.move(key, PhaseEvent(EventKind.SKIP, self.now, reason="dependency"))
         self._update_run_status()
 
     def _was_failed(self, key: str) -> bool:

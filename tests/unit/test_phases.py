@@ -28,7 +28,9 @@ from taskloop.phases import (
 
 AT = 1_000.0
 BOOM = ErrorRecord(type="ValueError", message="boom")
-TERMINAL_NO_EVENTS = frozenset({State.DONE, State.SKIPPED, State.CANCELLED, State.REJECTED})
+TERMINAL_NO_EVENTS = frozenset({State.DONE, State.REJECTED})
+# Terminal states that only client.resume (RESUME) may reopen.
+RESUMABLE_TERMINAL = frozenset({State.FAILED, State.SKIPPED, State.CANCELLED})
 # Events that move a loop forward (or replay it) without ending it.
 PROGRESS = frozenset({EventKind.ACTIVATE, EventKind.BEGIN, EventKind.CANDIDATE, EventKind.REJECT,
                       EventKind.EXPIRE, EventKind.REDISPATCH, EventKind.RESUME})
@@ -87,8 +89,12 @@ RECORDS: dict[State, list[tuple[str, TaskRecord]]] = {
     ],
     State.SKIPPED: [("loop", TaskRecord(key="fix", kind="loop", limit=3,
                                         status=TaskStatus.SKIPPED, token=2))],
-    State.CANCELLED: [("loop", finished("loop", TaskStatus.CANCELLED, phase=Phase.ATTEMPT,
-                                        limit=3))],
+    State.CANCELLED: [
+        ("loop", finished("loop", TaskStatus.CANCELLED, phase=Phase.ATTEMPT, limit=3)),
+        ("loop-check", finished("loop", TaskStatus.CANCELLED, phase=Phase.CHECK, limit=3)),
+        ("task-run", finished("task", TaskStatus.CANCELLED, phase=Phase.RUN)),
+        ("never-started", TaskRecord(key="fix", kind="task", status=TaskStatus.CANCELLED, token=1)),
+    ],
     State.REJECTED: [("gate", TaskRecord(key="fix", kind="gate", status=TaskStatus.REJECTED,
                                          token=3))],
 }
@@ -127,7 +133,8 @@ def test_table_only_mentions_known_states_and_events() -> None:
     # Terminal states accept nothing except FAILED + RESUME.
     for state in TERMINAL_NO_EVENTS:
         assert not [kind for (s, kind) in TABLE if s is state]
-    assert [kind for (s, kind) in TABLE if s is State.FAILED] == [EventKind.RESUME]
+    for state in RESUMABLE_TERMINAL:
+        assert [kind for (s, kind) in TABLE if s is state] == [EventKind.RESUME]
 
 
 def event_for(record: TaskRecord, kind: EventKind) -> PhaseEvent:
@@ -342,8 +349,9 @@ def test_resume_requeues_the_interrupted_phase(label: str, phase: Phase, state: 
     assert new.phase is phase
     assert new.round == record.round
     assert new.attempts == record.attempts
+    # execs is kept, so that the replayed phase consumes one attempt when it begins
     assert (new.error, new.finished_at, new.deadline, new.prepared, new.execs) == (
-        None, None, None, False, 0)
+        None, None, None, False, record.execs)
 
 
 def test_resume_of_an_exhausted_loop_is_refused() -> None:
@@ -363,7 +371,8 @@ def test_resume_without_an_interrupted_phase_is_refused() -> None:
 
 @pytest.mark.parametrize("kind", [EventKind.FAIL, EventKind.CANCEL, EventKind.SKIP])
 def test_endings_record_their_time_and_error(kind: EventKind) -> None:
-    record = active("loop", Phase.ATTEMPT, Slot.QUEUED, round=2)
+    fresh = kind is EventKind.SKIP  # only a phase that never ran can be skipped (by its condition)
+    record = active("loop", Phase.ATTEMPT, Slot.QUEUED, round=2, attempts=0 if fresh else 1)
     new = advance(record, event(kind, at=AT + 4))
     assert new.terminal
     assert new.finished_at == AT + 4
@@ -429,16 +438,18 @@ class LoopRecordMachine(RuleBasedStateMachine):
                 kind is EventKind.RESUME
                 and (
                     (before.error is not None and before.error.type == "LoopTaskExhausted")
-                    or before.phase not in (Phase.ATTEMPT, Phase.CHECK)
+                    or (before.status is TaskStatus.SKIPPED and before.reason == "condition")
+                    or (before.phase is not None and before.phase not in (Phase.ATTEMPT, Phase.CHECK))
+                    or (before.status is TaskStatus.FAILED and before.phase is None)
                 )
             ) or (
                 kind is EventKind.SUCCEED
                 and (before.slot is Slot.QUEUED) is not (ev.cache_hit and fresh)
-            )
+            ) or (kind is EventKind.SKIP and before.slot is Slot.QUEUED and not fresh)
             return
         assert in_table, f"{kind} was accepted in {before.state}"
         assert before.state not in TERMINAL_NO_EVENTS
-        assert before.state is not State.FAILED or kind is EventKind.RESUME
+        assert before.state not in RESUMABLE_TERMINAL or kind is EventKind.RESUME
         assert before.dump() == snapshot
         assert new.state in TABLE[(before.state, kind)]
         assert new.token == before.token + 1
