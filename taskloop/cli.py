@@ -239,6 +239,46 @@ def cancel(run_id: str, reason: str) -> None:
 
 @cli.command()
 @click.argument("run_id")
+@IMPORT_OPTION
+@click.option("--wait", is_flag=True, help="Wait for the resumed run to end.")
+@click.option("--timeout", type=float, default=None)
+def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | None) -> None:
+    """Replay the interrupted phases of a failed run."""
+    _import_modules(imports)
+    client = _client()
+    handle = client.resume(run_id)
+    click.echo(f"run {run_id} resumed")
+    if wait:
+        result = _wait_with_progress(client, handle.run_id, timeout)
+        _print_result(result)
+        sys.exit(0 if result.status == "done" else 1)
+
+
+@cli.command(name="reconcile")
+@IMPORT_OPTION
+@click.option("--every", type=float, default=None, help="Keep going, one pass every N seconds.")
+def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
+    """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
+    import time
+
+    from taskloop.app import make_app, send_phase
+    from taskloop.reconciler import reconcile
+    from taskloop.store import RedisStore
+
+    _import_modules(imports)
+    settings = config.settings()
+    store = RedisStore(settings.redis_url)
+    app = make_app(settings)
+    while True:
+        report = reconcile(store, settings, lambda wf, run_id, d: send_phase(app, wf, run_id, d))
+        click.echo(str(report))
+        if every is None:
+            return
+        time.sleep(every)
+
+
+@cli.command()
+@click.argument("run_id")
 @click.argument("key")
 @click.argument("action", type=click.Choice(["approve", "reject", "resume"]))
 @click.option("--actor", required=True)

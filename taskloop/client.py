@@ -14,15 +14,25 @@ from taskloop import events as ev
 from taskloop.app import make_app, send_phase
 from taskloop.config import Settings, settings
 from taskloop.definitions import REGISTRY, Workflow
-from taskloop.errors import DefinitionError, RunExists, RunNotFound, RunTimeout, TaskLoopError
+from taskloop.errors import (
+    DefinitionError,
+    IncompatibleDefinition,
+    NotResumable,
+    RunExists,
+    RunNotFound,
+    RunTimeout,
+    TaskLoopError,
+)
 from taskloop.events import Event, Observer, notify
 from taskloop.jsonvalue import dumps, require_lossless
 from taskloop.models import ErrorInfo, RoundView, RunResult, RunSummary, RunView, TaskView
 from taskloop.phases import (
     QUEUED_STATES,
     TERMINAL_RUN,
+    UNRESUMABLE_ERRORS,
     EventKind,
     PhaseEvent,
+    RunStatus,
     State,
     TaskRecord,
     TaskStatus,
@@ -286,6 +296,48 @@ class TaskLoop:
             if self.store.apply(planner.batch()) is None:
                 state = "cancelled" if planner.finished else "cancelling: running phases were signalled"
                 return CancelResult(run_id, True, planner.status or status, f"run {run_id} {state}")
+
+    def resume(self, run_id: str) -> RunHandle:
+        """Replay the interrupted phases of a run that failed on a callback error (or a timeout, or a
+        lost worker). Exhausted loops stay exhausted; a changed definition is refused."""
+        while True:
+            snap = self._snapshot(run_id)
+            status = snap.run.get("status")
+            if status != RunStatus.FAILED.value:
+                raise NotResumable(f"run {run_id} is {status}; only a failed run can be resumed")
+            wf = REGISTRY.get(snap.run["wf"], snap.run["ver"])
+            if snap.run.get("fp") != wf.fingerprint:
+                raise IncompatibleDefinition(
+                    f"run {run_id} was started with another definition of workflow {wf.name} v{wf.version} "
+                    f"(fingerprint {snap.run.get('fp')}, this process has {wf.fingerprint}); a run resumes only "
+                    "under the definition it started with: restore it, or start a new run"
+                )
+            tasks = snap.tasks()  # CorruptRecord: refused before any callback runs
+            failed = [r for r in tasks.values() if r.status is TaskStatus.FAILED]
+            replayable = [r for r in failed if r.error is None or r.error.type not in UNRESUMABLE_ERRORS]
+            if not replayable:
+                why = "; ".join(f"task {r.key}: {r.error.message if r.error else 'failed'}" for r in failed)
+                raise NotResumable(
+                    f"run {run_id} has nothing to resume ({why}): an exhausted loop stays exhausted and a "
+                    "spent budget stays spent; start a new run instead"
+                )
+            now = clock.now()
+            planner = Planner(wf, snap, now, self.settings)
+            planner.control = None
+            planner.run_deletes += ["ctl", "term", "finished"]
+            planner.revive = planner.guard_all = True
+            planner.events.append(Event(type=ev.RUN_RESUMED, at=now, data={"tasks": [r.key for r in replayable]}))
+            for key in wf.order:
+                record = tasks[key]
+                reopen = record in replayable or record.status is TaskStatus.CANCELLED or (
+                    record.status is TaskStatus.SKIPPED and record.reason != "condition")
+                if reopen:
+                    planner.move(key, PhaseEvent(EventKind.RESUME, now))
+            planner.settle()
+            if self.store.apply(planner.batch()) is None:
+                for dispatch in planner.dispatches:
+                    send_phase(self.app, wf, run_id, dispatch)
+                return RunHandle(self, run_id)
 
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""

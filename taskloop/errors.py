@@ -73,6 +73,23 @@ class IllegalTransition(TaskLoopError):
     """The phase state machine refused an event in the record's current state."""
 
 
+class CorruptRecord(TaskLoopError):
+    """A record in Redis cannot be read or contradicts the others; nothing runs on top of it."""
+
+    def __init__(self, run_id: str, key: str, problem: str) -> None:
+        self.run_id = run_id
+        self.key = key
+        super().__init__(
+            f"run {run_id}: the record of task {key} is corrupt or inconsistent ({problem}); taskloop "
+            "refuses to run callbacks on it. Inspect it with `taskloop inspect`, then start a new run"
+        )
+
+
+class NotResumable(TaskLoopError):
+    """``client.resume`` found nothing it may replay (the run is not failed, or only failed in ways
+    that a replay cannot change, such as an exhausted loop)."""
+
+
 class Cancelled(TaskLoopError):
     """Raised inside a callback by `ctx.signal.raise_if_cancelled()` once its phase is cancelled."""
 

@@ -3,8 +3,8 @@
 Every committed transition appends its events in the same atomic write, so the history and
 the records can never disagree. Event types:
 
-``run.started``, ``run.finished``
-    run-level (``data``: status, termination)
+``run.started``, ``run.finished``, ``run.resumed``
+    run-level (``data``: status, termination; the tasks a resume replays)
 ``phase``
     a loop task entered (round, phase): ``attempt``, ``check`` or ``complete``; a plain task
     entered ``run`` for a try. Each (task, round, phase) appears exactly once.
@@ -34,6 +34,7 @@ log = logging.getLogger("taskloop.events")
 
 RUN_STARTED = "run.started"
 RUN_FINISHED = "run.finished"
+RUN_RESUMED = "run.resumed"
 PHASE = "phase"
 EXEC = "exec"
 TASK = "task"

@@ -15,6 +15,7 @@ Each step is one guarded write that re-plans when a guard fails:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -29,9 +30,10 @@ from taskloop.callbacks import Outcome, build_context, call_phase, error_record,
 from taskloop.config import Settings
 from taskloop.context import Signal
 from taskloop.definitions import REGISTRY, Task, TaskKind, Workflow
-from taskloop.errors import IncompatibleDefinition, TaskLoopError, TaskTimeout, WorkflowNotRegistered
+from taskloop.errors import CorruptRecord, IncompatibleDefinition, TaskLoopError, TaskTimeout, WorkflowNotRegistered
 from taskloop.events import Event, notify
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, TaskRecord
+from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, State, TaskRecord, TaskStatus
+from taskloop.reconciler import recover, worker_is_dead
 from taskloop.scheduler import Dispatch, Planner, ending_reason
 from taskloop.store import Batch, RedisStore, Snapshot
 from taskloop.store import keys as k
@@ -42,6 +44,7 @@ log = logging.getLogger("taskloop.executor")
 Sender = Callable[[Workflow, str, Dispatch], None]
 MAX_REPLANS = 50
 _QUEUED_OF = {Phase.ATTEMPT: State.QUEUED_ATTEMPT, Phase.CHECK: State.QUEUED_CHECK, Phase.RUN: State.QUEUED_RUN}
+_RUNNING_OF = {Phase.ATTEMPT: State.RUNNING_ATTEMPT, Phase.CHECK: State.RUNNING_CHECK, Phase.RUN: State.RUNNING_RUN}
 
 # Set in Celery prefork pool processes (worker_process_init): only there may a worker stop a
 # callback that overran its grace period by ending its own process (the pool replaces it).
@@ -70,8 +73,20 @@ class Executor:
                           what, run_id, phase.value, round)
                 self.store.incr_stat("dropped_unknown_run")
                 return "dropped"
+            try:
+                snap.tasks()
+            except CorruptRecord:
+                result = self._fail_corrupt(snap)
+                if result is not None:
+                    return result
+                continue
             record = snap.task(key)
             if record.state is not _QUEUED_OF[phase] or record.round != round or record.token != token:
+                if self._execution_lost(snap, record, phase, round, token):
+                    result = self._recover(snap, record)
+                    if result is not None:
+                        return result
+                    continue
                 return self._stale(snap, record, phase, round, token)
             try:
                 workflow = self._workflow(snap)
@@ -79,7 +94,13 @@ class Executor:
                 error = ErrorRecord(type=type(exc).__name__, message=str(exc))
                 result = self._apply(_stub_workflow(snap), snap, key, Outcome(EventKind.FAIL, error=error))
             else:
-                result = self._step(workflow, workflow.task(key), snap, record)
+                task = workflow.task(key)
+                problem = _inconsistency(task, record, snap)
+                if problem is not None:
+                    error = ErrorRecord(type="CorruptRecord", message=str(CorruptRecord(run_id, key, problem)))
+                    result = self._apply(workflow, snap, key, Outcome(EventKind.FAIL, error=error))
+                else:
+                    result = self._step(workflow, task, snap, record)
             if result is not None:
                 return result
         raise RuntimeError(f"could not record {phase.value} of {run_id}/{key}: too many conflicts")
@@ -125,6 +146,59 @@ class Executor:
                 "definition to every worker, or give the changed workflow a new version"
             )
         return workflow
+
+    def _execution_lost(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> bool:
+        """A redelivery of the message whose execution is recorded as running, by a worker that died
+        (Celery re-queues the message of a killed pool process) or whose lease expired."""
+        if record.state is not _RUNNING_OF[phase] or record.round != round or record.token != token + 1:
+            return False
+        if worker_is_dead(record.worker, wait=1.0):
+            return True
+        expiry = self.store.lease_expiry(snap.run_id, record.key)
+        return expiry is not None and expiry < clock.now()
+
+    def _recover(self, snap: Snapshot, record: TaskRecord) -> str | None:
+        """Do the reconciler's work at once: queue a replay of the lost execution (or give up)."""
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError:
+            return "stale"  # leave it to a reconciler that has the definition
+        planner = Planner(workflow, snap, clock.now(), self.settings)
+        recover(planner, record, self.settings.max_executions)
+        log.warning("run %s task %s: the execution of %s round %s by %s was lost; %s", snap.run_id, record.key,
+                    _phase(record), record.round, record.worker,
+                    "giving up" if planner.tasks[record.key].terminal else "replaying it")
+        return "recovered" if self._commit(planner, workflow) is not None else None
+
+    def _fail_corrupt(self, snap: Snapshot) -> str | None:
+        """Replace every unreadable task record by a failed one, before any callback runs."""
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError:
+            workflow = None
+        stand_ins: dict[str, TaskRecord] = {}
+        problems: dict[str, str] = {}
+        for key in snap.raw_tasks:
+            try:
+                snap.task(key)
+            except CorruptRecord as exc:
+                task = workflow.by_key.get(key) if workflow else None
+                kind = task.kind if task else TaskKind.TASK
+                # a stand-in from which FAIL is legal; the guard still compares the corrupt bytes
+                stand_ins[key] = TaskRecord(key=key, kind=kind.value, status=TaskStatus.ACTIVE,
+                                            phase=Phase.ATTEMPT if kind is TaskKind.LOOP else Phase.RUN,
+                                            slot=Slot.QUEUED, round=1)
+                problems[key] = str(exc)
+        patched = Snapshot(snap.run_id, snap.run, snap.raw_tasks, snap.data, {**snap._tasks, **stand_ins})
+        workflow = workflow or _stub_workflow(patched)
+        now = clock.now()
+        planner = Planner(workflow, patched, now, self.settings)
+        for key, problem in problems.items():
+            log.error("%s", problem)
+            planner.move(key, PhaseEvent(EventKind.FAIL, now, error=ErrorRecord(type="CorruptRecord", message=problem)))
+        planner.guard_all = True
+        planner.settle()
+        return self._commit(planner, workflow)
 
     def _stale(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> str:
         reason = (f"message for {phase.value} round {round} token {token} does not match the record "
@@ -335,6 +409,33 @@ def _timeout(task: Task, record: TaskRecord) -> Outcome:
 
 def _is_timeout(outcome: Outcome) -> bool:
     return outcome.error is not None and outcome.error.type == "TaskTimeout"
+
+
+def _inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:
+    """What is wrong with an (otherwise readable) record and its round data, if anything."""
+    if record.kind != task.kind.value:
+        return f"the record is a {record.kind} but the definition declares a {task.kind.value}"
+    if not 1 <= record.round <= record.limit:
+        return f"round {record.round} is outside 1..{record.limit}"
+    if task.is_loop and record.limit != task.max_rounds:
+        return f"the record allows {record.limit} rounds, the definition {task.max_rounds}"
+    if record.phase is Phase.CHECK:
+        raw = snap.data.get(k.candidate_field(task.key, record.round))
+        if raw is None:
+            return f"round {record.round} is in check but has no recorded candidate"
+        try:
+            json.loads(raw)
+        except ValueError:
+            return f"the candidate of round {record.round} is not JSON"
+    if record.phase is Phase.ATTEMPT and record.round > 1:
+        raw = snap.data.get(k.check_field(task.key, record.round - 1))
+        try:
+            check = json.loads(raw) if raw is not None else None
+        except ValueError:
+            check = None
+        if not (isinstance(check, dict) and check.get("done") is False and isinstance(check.get("feedback"), str)):
+            return f"round {record.round} started but round {record.round - 1} has no recorded rejection"
+    return None
 
 
 def _stub_workflow(snap: Snapshot) -> Workflow:

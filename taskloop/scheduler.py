@@ -102,6 +102,8 @@ class Planner:
         self.dispatches: list[Dispatch] = []
         self.leases: dict[str, float | None] = {}
         self.run_updates: dict[str, str] = {}
+        self.run_deletes: list[str] = []
+        self.revive = False  # a resumed run: its keys lose their retention TTL
         self.data: dict[str, str] = {}
         self.usage: dict[str, int] = {}
         self.control: str | None = snapshot.control
@@ -273,6 +275,10 @@ class Planner:
             b.hincr(k.K_RUN, f"u:{name}", amount)
         for field, value in self.run_updates.items():
             b.hset(k.K_RUN, field, value)
+        for field in self.run_deletes:
+            b.hdel(k.K_RUN, field)
+        if self.revive:
+            b.persist_run()
         for event in self.events:
             b.event(event)
         for key, until in self.leases.items():

@@ -18,6 +18,7 @@ from taskloop.app import send_phase
 from taskloop.config import settings
 from taskloop.executor import Executor
 from taskloop.phases import Phase
+from taskloop.reconciler import ReconcilerThread, reconcile
 from taskloop.store import RedisStore
 
 log = logging.getLogger("taskloop.tasks")
@@ -84,3 +85,27 @@ def register(app: Celery) -> None:
     @app.task(name="taskloop.run", **options)
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
         return execute(app, Phase.RUN, self.request.hostname, args, kwargs)
+
+    @app.task(name="taskloop.reconcile", ignore_result=True)
+    def reconcile_task() -> str:
+        """Beat entry point: one reconcile pass (see taskloop/reconciler.py)."""
+        worker = executor(app, "beat")
+        return str(reconcile(worker.store, worker.settings, worker.send))
+
+    interval = settings().reconcile_interval_s
+    if interval > 0:
+        app.conf.beat_schedule = {
+            **(app.conf.beat_schedule or {}),
+            "taskloop-reconcile": {"task": "taskloop.reconcile", "schedule": interval},
+        }
+
+    @signals.worker_ready.connect(weak=False)
+    def start_reconciler(sender: Any = None, **_: Any) -> None:
+        """Every worker's main process reconciles too (one pass per interval cluster-wide)."""
+        config = settings()
+        if config.reconcile_interval_s <= 0:
+            return
+        store = RedisStore(config.redis_url, retries=10)
+        thread = ReconcilerThread(store, config, lambda wf, run_id, d: send_phase(app, wf, run_id, d),
+                                  config.reconcile_interval_s)
+        thread.start()

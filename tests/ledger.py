@@ -36,6 +36,11 @@ def ledger_problems(events: Iterable[Event]) -> list[str]:
         elif e.type == "exec":
             if current != (e.round, e.phase):
                 problems.append(f"{e.key}: exec of {e.round}/{e.phase} outside its phase ({current})")
+        elif e.type == "task" and e.key in finished and e.data and e.data.get("status") in ("active", "waiting"):
+            finished.discard(e.key)  # client.resume reopened it, at its interrupted phase if any
+            if e.data["status"] == "active":
+                assert e.round is not None and e.phase is not None
+                open_phase[e.key] = (e.round, e.phase)
         elif e.type == "task" and e.data and e.data.get("status") in TERMINAL:
             if e.key in finished:
                 problems.append(f"{e.key}: a second terminal status ({e.data['status']})")

@@ -78,5 +78,11 @@ class Batch:
             self.writes += ["expire", index, seconds]
         return self
 
+    def persist_run(self) -> Batch:
+        """Undo expire_run: a resumed run is live again."""
+        for index in (k.K_RUN, k.K_TASKS, k.K_DATA, k.K_EVENTS):
+            self.writes += ["persist", index]
+        return self
+
     def argv(self) -> list[str | int | float]:
         return [self.n_guards, *self.guards, *self.writes]

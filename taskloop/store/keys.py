@@ -18,6 +18,7 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}\Z")
 RUNS_INDEX = f"{PREFIX}:runs"  # ZSET run_id -> created_at (epoch seconds)
 LEASES = f"{PREFIX}:leases"  # ZSET "<run_id> <task key>" -> lease expiry (epoch seconds)
 STATS = f"{PREFIX}:stats"  # HASH of global counters (stale-token rejections, ...)
+RECONCILER_LOCK = f"{PREFIX}:reconciler"  # STRING: which worker runs this reconcile pass
 
 
 def check_run_id(run_id: object) -> str:

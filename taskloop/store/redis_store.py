@@ -13,7 +13,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from taskloop.errors import StoreUnavailable
+from taskloop.errors import CorruptRecord, StoreUnavailable
 from taskloop.events import Event
 from taskloop.phases import TaskRecord
 from taskloop.store import keys as k
@@ -50,7 +50,10 @@ class Snapshot:
     def task(self, key: str) -> TaskRecord:
         record = self._tasks.get(key)
         if record is None:
-            record = self._tasks[key] = TaskRecord.load(self.raw_tasks[key])
+            try:
+                record = self._tasks[key] = TaskRecord.load(self.raw_tasks[key])
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                raise CorruptRecord(self.run_id, key, str(exc).splitlines()[0]) from None
         return record
 
     def tasks(self) -> dict[str, TaskRecord]:
@@ -177,6 +180,11 @@ class RedisStore:
     def expired_leases(self, now: float, limit: int = 500) -> list[tuple[str, str, float]]:
         rows = self.client.zrangebyscore(k.LEASES, "-inf", now, start=0, num=limit, withscores=True)
         return [(*k.parse_lease_member(member), score) for member, score in rows]
+
+    @_wrap
+    def lease_expiry(self, run_id: str, key: str) -> float | None:
+        score = self.client.zscore(k.LEASES, k.lease_member(run_id, key))
+        return None if score is None else float(score)
 
     @_wrap
     def stats(self) -> dict[str, str]:

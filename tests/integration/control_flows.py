@@ -194,3 +194,29 @@ gated_flow = tl.define_workflow("gated", version="1", tasks=[draft_task, approva
 edit = tl.define_gate("edit", kind="input", prompt="Give the title")
 titled = tl.define_task("titled", run=lambda ctx: f"title: {ctx.value(edit)}", after=[edit])
 input_flow = tl.define_workflow("input-gate", version="1", tasks=[edit, titled])
+
+# --- resume -------------------------------------------------------------------------------------
+
+
+def fragile_attempt(ctx: tl.LoopContext, feedback: str | None) -> int:
+    record(ctx, "attempt_calls", ctx.round)
+    return ctx.round
+
+
+def fragile_check(ctx: tl.LoopContext, candidate: int) -> tl.LoopCheck:
+    record(ctx, "check_calls", {"round": ctx.round, "key": ctx.idempotency_key, "attempt": ctx.attempt})
+    if ctx.round == 2 and _redis().get(f"test:{ctx.run_id}:broken"):
+        raise RuntimeError("reviewer crashed")
+    return tl.LoopCheck(done=candidate == 2, feedback="one more")
+
+
+def _resume_condition(ctx: tl.TaskContext) -> bool:
+    record(ctx, "condition_calls", ctx.attempt)
+    return True
+
+
+resumable = tl.define_workflow("resumable", version="1", tasks=[
+    tl.define_loop_task("fix", max_rounds=3, attempt=fragile_attempt, check=fragile_check,
+                        condition=_resume_condition),
+    tl.define_task("report", run=lambda ctx: f"fixed in {ctx.value('fix')}", after=["fix"]),
+])

@@ -11,7 +11,7 @@
 -- Writes:
 --   "hset" k field value | "hdel" k field | "hincr" k field n
 --   "xadd" k n f1 v1 .. fn vn  (appends to the stream, auto id)
---   "zadd" k score member | "zrem" k member | "expire" k seconds | "del" k
+--   "zadd" k score member | "zrem" k member | "expire" k seconds | "persist" k | "del" k
 -- Returns {1} when every guard held and every write was applied,
 --         {0, i, current} when guard number i failed (current = the field's value or false).
 
@@ -59,6 +59,8 @@ while i <= #argv do
     redis.call('ZREM', key, argv[i + 2]); i = i + 3
   elseif op == 'expire' then
     redis.call('EXPIRE', key, argv[i + 2]); i = i + 3
+  elseif op == 'persist' then
+    redis.call('PERSIST', key); i = i + 2
   elseif op == 'del' then
     redis.call('DEL', key); i = i + 2
   else

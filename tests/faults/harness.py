@@ -1,0 +1,223 @@
+"""The fault-injection harness: a private cluster, fault injectors, and the offline checker.
+
+A `Cluster` is one redis-server (AOF on) plus `taskloop worker` processes whose leases and
+reconciler run on short timers. Injectors kill, pause or duplicate real things. The checker
+reads the event history and the final records of every run and reports what the guarantees
+forbid: runs not terminal, a phase committed twice, rounds with gaps or past `max_rounds`,
+more executions in a round than one plus the faults injected into it, an unbalanced ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from taskloop.client import TaskLoop
+from taskloop.config import Settings
+from taskloop.embedded import RedisServer, spawn_worker
+from taskloop.errors import StoreUnavailable
+from tests.faults import flows
+from tests.ledger import ledger_problems
+
+REPO = Path(__file__).resolve().parents[2]
+TERMINAL = {"done", "failed", "cancelled", "rejected"}
+
+# Short timers so that recovery is observable in seconds (the defaults are 30 s / 300 s / 5 s).
+FAULT_ENV = {
+    "TASKLOOP_LEASE_S": "2",
+    "TASKLOOP_QUEUED_LEASE_S": "6",
+    "TASKLOOP_RECONCILE_INTERVAL_S": "0.5",
+    "TASKLOOP_WATCH_INTERVAL_S": "0.1",
+}
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    targets: list[tuple[str, str, int, str]] = field(default_factory=list)  # (run, key, round, phase)
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    seed: int
+    runs: int
+    faults: int
+    lost: int = 0
+    duplicate_commits: int = 0
+    max_recovery_s: float = 0.0
+    stale_rejections: int = 0
+    replays: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def row(self) -> str:
+        return (f"| {self.scenario} | {self.seed} | {self.runs} | {self.faults} | {self.lost} | "
+                f"{self.duplicate_commits} | {self.max_recovery_s:.2f} | {self.replays} | {self.stale_rejections} |")
+
+
+RESULTS: list[Outcome] = []  # every scenario's outcome, printed at the end of the session
+HEADER = ("| scenario | seed | runs | faults | lost | duplicate commits | max recovery s | replays "
+          "| stale rejections |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+class Cluster:
+    def __init__(self, tmp: Path, seed: int, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.env = {**FAULT_ENV, "PYTHONPATH": str(REPO), **(env or {})}
+        self.redis = RedisServer(tmp / "redis")
+        (tmp / "redis").mkdir(exist_ok=True)
+        self.workers: dict[str, Any] = {}
+        self.client: TaskLoop | None = None
+        self.probe: redis.Redis | None = None
+
+    # lifecycle ------------------------------------------------------------------------------
+    def start(self, workers: tuple[str, ...] = ("f1", "f2"), concurrency: int = 2) -> Cluster:
+        self.redis.start()
+        for name in workers:
+            self.start_worker(name, concurrency)
+        # the client writes the first leases: it uses the same short timers as the workers
+        settings = Settings(redis_url=self.redis.url, running_lease_s=float(FAULT_ENV["TASKLOOP_LEASE_S"]),
+                            queued_lease_s=float(FAULT_ENV["TASKLOOP_QUEUED_LEASE_S"]))
+        self.client = TaskLoop(self.redis.url, config=settings)
+        self.probe = redis.Redis.from_url(self.redis.url, decode_responses=True)
+        return self
+
+    def start_worker(self, name: str, concurrency: int = 2) -> None:
+        logfile = self.tmp / f"{name}.log"
+        proc = spawn_worker(self.redis.url, ["tests.faults.flows"], concurrency=concurrency, name=f"{name}@%h",
+                            loglevel="INFO", logfile=str(logfile), extra_env=self.env)
+        self.workers[name] = proc
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if logfile.exists() and " ready." in logfile.read_text():
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"worker {name} did not start:\n{logfile.read_text()[-3000:]}")
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def stop(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.workers.values():
+            try:
+                proc.wait(20)
+            except Exception:
+                proc.kill()
+        if self.client is not None:
+            self.client.close()
+        self.redis.stop()
+
+    # running --------------------------------------------------------------------------------
+    def start_runs(self, n: int, **input: Any) -> list[str]:
+        assert self.client is not None
+        return [self.client.start(flows.grind, input={"hold_s": 0.3, "accept_round": 3, **input}).run_id
+                for _ in range(n)]
+
+    def wait_all(self, run_ids: list[str], timeout: float = 120.0) -> None:
+        assert self.client is not None
+        deadline = time.monotonic() + timeout
+        pending = list(run_ids)
+        while pending and time.monotonic() < deadline:
+            try:
+                statuses = [self.client.store.run_fields(rid, "status")[0] for rid in pending]
+            except StoreUnavailable:
+                time.sleep(0.2)
+                continue
+            pending = [rid for rid, status in zip(pending, statuses, strict=True) if status not in TERMINAL]
+            time.sleep(0.1)
+
+    def running(self) -> dict[int, dict[str, Any]]:
+        """Executions inside a callback right now: pid -> (run, key, round, phase)."""
+        assert self.probe is not None
+        return {int(pid): json.loads(raw) for pid, raw in self.probe.hgetall("fault:running").items()}
+
+    def pick_running(self, phase: str | None = None, pids: set[int] | None = None,
+                     timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            candidates = [(pid, what) for pid, what in sorted(self.running().items())
+                          if alive(pid) and (phase is None or what["phase"] == phase)
+                          and (pids is None or pid in pids)]
+            if candidates:
+                return self.rng.choice(candidates)
+            time.sleep(0.02)
+        raise AssertionError(f"no execution of {phase or 'any phase'} to hit")
+
+    # the offline checker --------------------------------------------------------------------
+    def check(self, scenario: str, run_ids: list[str], faults: list[Fault], max_rounds: int) -> Outcome:
+        assert self.client is not None
+        outcome = Outcome(scenario, self.seed, len(run_ids), len(faults))
+        injected = Counter(t for f in faults for t in f.targets)
+        for run_id in run_ids:
+            view = self.client.inspect(run_id)
+            if view.status not in TERMINAL:
+                outcome.lost += 1
+                outcome.problems.append(f"{run_id}: not terminal ({view.status})")
+                continue
+            events = self.client.events(run_id)
+            commits = Counter((e.key, e.round, e.phase) for e in events if e.type == "phase")
+            duplicates = {k: n for k, n in commits.items() if n > 1}
+            outcome.duplicate_commits += sum(n - 1 for n in duplicates.values())
+            outcome.problems += [f"{run_id}: {k} committed {n} times" for k, n in duplicates.items()]
+            rounds = sorted({e.round for e in events if e.type == "phase" and e.key == "work" and e.round})
+            if rounds != list(range(1, len(rounds) + 1)) or len(rounds) > max_rounds:
+                outcome.problems.append(f"{run_id}: rounds {rounds} not contiguous within 1..{max_rounds}")
+            execs = Counter((e.key, e.round, e.phase) for e in events if e.type == "exec")
+            outcome.replays += sum(1 for e in events if e.type == "exec" and e.data and e.data.get("replay"))
+            for (key, round_, phase), n in execs.items():
+                allowed = 1 + injected[(run_id, key, round_, phase)]
+                if n > allowed:
+                    outcome.problems.append(f"{run_id}: {key} {round_}/{phase} executed {n} times, allowed {allowed}")
+            outcome.problems += [f"{run_id}: {p}" for p in ledger_problems(events)]
+            for fault in faults:
+                for target in fault.targets:
+                    if target[0] != run_id:
+                        continue
+                    later = [e.at for e in events if e.type == "exec" and e.key == target[1]
+                             and e.at > fault.at]
+                    if later:
+                        outcome.max_recovery_s = max(outcome.max_recovery_s, min(later) - fault.at)
+        stats = self.client.store.stats()
+        outcome.stale_rejections = int(stats.get("stale_deliveries", 0)) + int(stats.get("stale_commits", 0))
+        return outcome

@@ -1,0 +1,178 @@
+"""Fault injection on real processes: the smoke subset runs in CI, the full one with `-m slow`.
+
+Reproduce a run with its seed: TASKLOOP_FAULT_SEED=<seed> python -m pytest tests/faults -m slow
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskloop.errors import StoreUnavailable
+from tests.faults import flows
+from tests.faults.harness import RESULTS, Cluster, Fault, Outcome, children_of
+
+SEED = int(os.environ.get("TASKLOOP_FAULT_SEED", "0")) or int(time.time()) % 100_000
+
+SMOKE = pytest.param({"runs": 4, "faults": 2}, id="smoke")
+FULL = pytest.param({"runs": 20, "faults": 10}, id="full", marks=pytest.mark.slow)
+SIZES = [SMOKE, FULL]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, SEED).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def finish(cluster: Cluster, scenario: str, run_ids: list[str], faults: list[Fault]) -> Outcome:
+    cluster.wait_all(run_ids)
+    outcome = cluster.check(scenario, run_ids, faults, flows.MAX_ROUNDS)
+    RESULTS.append(outcome)
+    assert outcome.lost == 0 and outcome.duplicate_commits == 0, outcome.problems
+    assert not outcome.problems, "\n".join(outcome.problems)
+    assert cluster.client is not None
+    results = [cluster.client.result(rid) for rid in run_ids]
+    assert all(r is not None and r.status == "done" and r.values["work"]["round"] == 3 for r in results), results
+    return outcome
+
+
+def _target(what: dict) -> tuple[str, str, int, str]:
+    return (what["run"], what["key"], what["round"], what["phase"])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sigkill_pool_process_mid_attempt_and_mid_check(cluster: Cluster, size: dict) -> None:
+    run_ids = cluster.start_runs(size["runs"])
+    faults = []
+    for n in range(size["faults"]):
+        time.sleep(cluster.rng.uniform(0.05, 0.4))
+        pid, what = cluster.pick_running("attempt" if n % 2 == 0 else "check")
+        os.kill(pid, signal.SIGKILL)
+        faults.append(Fault("sigkill-child", time.time(), [_target(what)]))
+    outcome = finish(cluster, f"SIGKILL pool process ({size['faults']}x, attempt and check)", run_ids, faults)
+    assert outcome.replays >= 1  # the killed executions were replayed, not lost
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sigkill_whole_worker(cluster: Cluster, size: dict) -> None:
+    run_ids = cluster.start_runs(size["runs"])
+    time.sleep(cluster.rng.uniform(0.3, 0.8))
+    victim = cluster.workers["f1"]
+    pool = set(children_of(victim.pid))
+    cluster.pick_running(pids=pool)  # make sure it is in the middle of something
+    hit = [_target(what) for pid, what in cluster.running().items() if pid in pool]
+    for pid in [victim.pid, *pool]:
+        os.kill(pid, signal.SIGKILL)
+    faults = [Fault("sigkill-worker", time.time(), hit)]
+    cluster.start_worker("f3")  # capacity comes back under another name
+    outcome = finish(cluster, "SIGKILL whole worker (main + pool)", run_ids, faults)
+    assert outcome.replays >= len(hit) >= 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sigstop_past_the_lease_then_sigcont(cluster: Cluster, size: dict) -> None:
+    run_ids = cluster.start_runs(size["runs"])
+    faults = []
+    for _ in range(max(1, size["faults"] // 5)):
+        pid, what = cluster.pick_running()
+        os.kill(pid, signal.SIGSTOP)
+        faults.append(Fault("sigstop", time.time(), [_target(what)]))
+        time.sleep(4.0)  # twice TASKLOOP_LEASE_S: the reconciler replays the phase elsewhere
+        os.kill(pid, signal.SIGCONT)
+    outcome = finish(cluster, "SIGSTOP past the lease, SIGCONT", run_ids, faults)
+    assert outcome.stale_rejections > 0  # the woken process could not commit
+    assert outcome.replays >= 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_duplicate_delivery_and_replay_after_commit(cluster: Cluster, size: dict) -> None:
+    from taskloop.app import send_phase
+    from taskloop.phases import QUEUED_STATES, RUNNING_STATES
+    from taskloop.scheduler import Dispatch
+
+    assert cluster.client is not None
+    client = cluster.client
+    run_ids = cluster.start_runs(size["runs"])
+    sent: list[Dispatch] = []
+    faults = []
+    deadline = time.monotonic() + 30
+    while len(sent) < size["faults"] * 2 and time.monotonic() < deadline:
+        run_id = cluster.rng.choice(run_ids)
+        snap = client.store.snapshot(run_id)
+        record = snap.task("work") if snap else None
+        if record is None or record.phase is None or record.state not in (*QUEUED_STATES, *RUNNING_STATES):
+            continue
+        token = record.token if record.state in QUEUED_STATES else record.token - 1
+        dispatch = Dispatch("work", record.phase, record.round, token)
+        send_phase(client.app, flows.grind, run_id, dispatch)  # a second copy of the live message
+        sent.append(dispatch)
+        faults.append(Fault("duplicate", time.time(), []))
+        time.sleep(0.1)
+    cluster.wait_all(run_ids)
+    for run_id, dispatch in zip(run_ids, sent, strict=False):  # replays of messages long committed
+        send_phase(client.app, flows.grind, run_id, dispatch)
+        faults.append(Fault("replay-after-commit", time.time(), []))
+    time.sleep(2.0)
+    outcome = finish(cluster, "duplicate delivery, replay after commit", run_ids, faults)
+    assert outcome.stale_rejections > 0
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
+    assert cluster.client is not None
+    run_ids = cluster.start_runs(size["runs"])
+    faults = []
+    for _ in range(max(1, size["faults"] // 5)):
+        cluster.pick_running()
+        in_flight = []
+        for run_id in run_ids:
+            snap = cluster.client.store.snapshot(run_id)
+            record = snap.task("work") if snap else None
+            if record is not None and record.phase is not None and not record.terminal:
+                in_flight.append((run_id, "work", record.round, record.phase.value))
+        cluster.redis.kill()
+        faults.append(Fault("redis-kill", time.time(), in_flight))
+        # while Redis is away, client calls fail with a clear error
+        with pytest.raises(StoreUnavailable, match=r"cannot reach Redis at redis://127\.0\.0\.1:.*TASKLOOP_REDIS_URL"):
+            cluster.client.inspect(run_ids[0])
+        time.sleep(1.0)
+        cluster.redis.start()
+        time.sleep(1.0)
+    finish(cluster, "kill -9 redis-server, restart from AOF", run_ids, faults)
+
+
+def test_a_phase_that_keeps_killing_its_worker_ends_failed(cluster: Cluster) -> None:
+    assert cluster.client is not None
+    run = cluster.client.start(flows.grind, input={"suicide": "attempt", "hold_s": 0.1})
+    result = run.wait(timeout=90)
+    assert result.status == "failed"
+    [error] = result.errors
+    assert error.type == "PhaseAbandoned"
+    assert "was started 5 times and every execution was lost" in error.message
+    execs = [e for e in cluster.client.events(run.run_id) if e.type == "exec"]
+    assert len(execs) == 5 and all(e.round == 1 and e.phase == "attempt" for e in execs)
+    assert [e.attempt for e in execs] == [1, 2, 3, 4, 5]  # each replay consumed one attempt
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_crash_between_record_and_send(cluster: Cluster, size: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    import taskloop.client
+
+    # Given a client that records the first phase of each run and dies before sending its message
+    monkeypatch.setattr(taskloop.client, "send_phase", lambda *args, **kwargs: None)
+    started = time.time()
+    run_ids = cluster.start_runs(size["runs"])
+    faults = [Fault("message never sent", started, [(rid, "work", 1, "attempt") for rid in run_ids])]
+    # Then the reconciler re-sends each after its queued lease (TASKLOOP_QUEUED_LEASE_S=6 here)
+    outcome = finish(cluster, "crash between record and send (lost message)", run_ids, faults)
+    assert 5.0 < outcome.max_recovery_s < 12.0

@@ -1,0 +1,135 @@
+"""Resume rules (SPEC §3-4): explicit resume, what a replay keeps, what is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import taskloop as tl
+from taskloop.app import send_phase
+from taskloop.config import settings
+from taskloop.phases import Phase, Slot, TaskStatus
+from taskloop.reconciler import reconcile
+from taskloop.scheduler import Dispatch
+from taskloop.store import keys as k
+from tests.integration import control_flows as cf
+from tests.integration import flows
+from tests.integration.flows import recorded
+from tests.ledger import assert_balanced
+
+pytestmark = pytest.mark.usefixtures("workers")
+
+
+def _broken_run(client, probe) -> str:
+    run_id = f"resume-{time.time_ns()}"
+    probe.set(f"test:{run_id}:broken", "1")
+    result = client.start(cf.resumable, input={}, run_id=run_id).wait(timeout=30)
+    assert result.status == "failed" and result.errors[0].message == "reviewer crashed"
+    return run_id
+
+
+def test_resume_replays_the_failed_check_without_rerunning_the_attempt(client, probe) -> None:
+    run_id = _broken_run(client, probe)
+    probe.delete(f"test:{run_id}:broken")
+    result = client.resume(run_id).wait(timeout=30)
+    assert result.status == "done" and result.termination_code is None
+    assert result.values == {"fix": 2, "report": "fixed in 2"}
+    assert recorded(probe, run_id, "attempt_calls") == [1, 2]  # the saved candidate went straight to check
+    checks = recorded(probe, run_id, "check_calls")
+    assert [c["round"] for c in checks] == [1, 2, 2]
+    assert checks[1]["key"] == checks[2]["key"]  # a replay keeps its round and idempotency key
+    assert checks[2]["attempt"] == checks[1]["attempt"] + 1  # and consumes one attempt
+    assert result.usage["attempts"] == 4  # fix: 2 rounds + 1 replay; report: 1
+    assert recorded(probe, run_id, "condition_calls") == [0, 0]  # condition again on resume
+    events = client.events(run_id)
+    assert [e.type for e in events].count("run.resumed") == 1
+    assert_balanced(events)
+
+
+def test_resume_from_the_command_line(client, probe) -> None:
+    run_id = _broken_run(client, probe)
+    probe.delete(f"test:{run_id}:broken")
+    done = subprocess.run([sys.executable, "-m", "taskloop", "resume", run_id, "--wait", "--import",
+                           "tests.integration.control_flows"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"run {run_id} resumed" in done.stdout and "status done" in done.stdout
+
+
+def test_an_exhausted_loop_stays_exhausted(client) -> None:
+    result = client.start(flows.core, input={"target": 99}).wait(timeout=30)
+    with pytest.raises(tl.TaskLoopError, match=r"nothing to resume.*an exhausted loop stays exhausted"):
+        client.resume(result.run_id)
+    with pytest.raises(tl.TaskLoopError, match="only a failed run can be resumed"):
+        client.resume(client.start(flows.core, input={}).wait(timeout=30).run_id)
+
+
+def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
+    run_id = _broken_run(client, probe)
+    original = cf.resumable
+    try:
+        tl.define_workflow("resumable", version="1", tasks=[  # same name and version, max_rounds changed
+            tl.define_loop_task("fix", max_rounds=4, attempt=cf.fragile_attempt, check=cf.fragile_check),
+            tl.define_task("report", run=lambda ctx: "x", after=["fix"]),
+        ])
+        with pytest.raises(tl.IncompatibleDefinition, match="resumes only under the definition it started with"):
+            client.resume(run_id)
+    finally:
+        from taskloop.definitions import REGISTRY
+
+        REGISTRY.register(original)
+
+
+def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
+    # A failed run with a corrupt record: resume refuses it
+    run_id = _broken_run(client, probe)
+    probe.hset(k.RunKeys.of(run_id).tasks, "fix", '{"key": "fix", "kind": "loop", "status": "exploded"')
+    with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
+        client.resume(run_id)
+    # A live run whose check lost its candidate: the worker fails the task without calling check
+    run = client.start(flows.spread, input={"rounds": 2}, run_id=f"corrupt-{time.time_ns()}")
+    run.wait(timeout=30)
+    snap = client.store.snapshot(run.run_id)
+    record = snap.task("grind").model_copy(update={
+        "status": TaskStatus.ACTIVE, "phase": Phase.CHECK, "slot": Slot.QUEUED, "round": 3, "token": 100,
+        "error": None})
+    probe.hset(k.RunKeys.of(run.run_id).tasks, "grind", record.dump())
+    probe.hset(k.RunKeys.of(run.run_id).run, "status", "running")
+    before = len(recorded(probe, run.run_id, "where"))
+    send_phase(client.app, flows.spread, run.run_id, Dispatch("grind", Phase.CHECK, 3, 100))
+    deadline = time.monotonic() + 20
+    while client.inspect(run.run_id).tasks["grind"].status == "active":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    view = client.inspect(run.run_id)
+    assert view.tasks["grind"].status == "failed"
+    assert view.tasks["grind"].error.type == "CorruptRecord"
+    assert "round 3 is in check but has no recorded candidate" in view.tasks["grind"].error.message
+    assert len(recorded(probe, run.run_id, "where")) == before  # no callback ran
+
+
+def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
+    import taskloop.client
+
+    # Given a run whose first message was recorded but never sent (the client died in between)
+    monkeypatch.setattr(taskloop.client, "send_phase", lambda *a, **kw: None)
+    run = client.start(flows.core, input={})
+    time.sleep(0.5)
+    assert client.inspect(run.run_id).tasks["source"].status == "active"
+    # When a reconcile pass runs after the queued lease (300 s by default) has expired
+    report = reconcile(client.store, settings(), lambda wf, rid, d: send_phase(client.app, wf, rid, d),
+                       now=time.time() + settings().queued_lease_s + 1)
+    # Then it re-sends the phase with a new token and the run finishes
+    assert report.redispatched >= 1
+    assert run.wait(timeout=30).status == "done"
+    commits = [e for e in client.events(run.run_id) if e.type == "phase" and e.key == "source"]
+    assert len(commits) == 1  # re-sending is not a second commit
+
+
+def test_reconcile_command_runs_a_pass() -> None:
+    done = subprocess.run([sys.executable, "-m", "taskloop", "reconcile", "--import", "tests.integration.flows"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "examined" in done.stdout and "redispatched" in done.stdout
