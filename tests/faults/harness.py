@@ -49,7 +49,7 @@ class Fault:
 @dataclass
 class Outcome:
     scenario: str
-    seed: int
+    seed: int | None  # None: nothing random in the scenario
     runs: int
     faults: int
     lost: int = 0
@@ -60,7 +60,8 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
     def row(self) -> str:
-        return (f"| {self.scenario} | {self.seed} | {self.runs} | {self.faults} | {self.lost} | "
+        seed = "-" if self.seed is None else self.seed
+        return (f"| {self.scenario} | {seed} | {self.runs} | {self.faults} | {self.lost} | "
                 f"{self.duplicate_commits} | {self.max_recovery_s:.2f} | {self.replays} | {self.stale_rejections} |")
 
 
