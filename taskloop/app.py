@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 from celery import Celery
@@ -37,9 +38,11 @@ def make_app(config: Settings | None = None) -> Celery:
     config = config or settings()
     app = Celery("taskloop", set_as_current=False)
     module = celery_config_module()
-    app.conf.update(DEFAULTS)
+    # DEFAULTS first, the user's module over them; conf.update would outrank the module.
+    settings_ = dict(DEFAULTS)
     if module is not None:
-        app.config_from_object(module)
+        settings_.update({name: getattr(module, name) for name in dir(module) if not name.startswith("_")})
+    app.config_from_object(SimpleNamespace(**settings_))
     app.conf.broker_url = config.broker_url  # already resolved: arguments > env > celeryconfig
     app.conf.update(REQUIRED)
     if config.imports:

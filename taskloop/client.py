@@ -167,14 +167,14 @@ class TaskLoop:
         return snap
 
     def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None) -> RunResult:
-        """Block until the run ends (reading its event stream with XREAD BLOCK) and return its result."""
+        """Block until the run ends and return its result. Without observers it blocks on the run's
+        end marker (one wake-up); with observers it reads every event as it is appended."""
         deadline = None if timeout is None else clock.now() + timeout
-        status, last = self.store.status_and_last_event(run_id)
+        (status,) = self.store.run_fields(run_id, "status")
         if status is None:
             raise RunNotFound(run_id)
         observers = [*self._observers, *([on_event] if on_event else [])]
-        if observers:
-            last = "0-0"
+        last = "0-0"
         failures: list[dict[str, str]] = []
         while status not in _TERMINAL:
             remaining = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - clock.now())
@@ -183,7 +183,12 @@ class TaskLoop:
                     f"run {run_id} did not finish within {timeout}s (status {status}); it keeps running: "
                     "wait again, or look at it with `taskloop inspect`"
                 )
-            events = self.store.block_events(run_id, last, int(remaining * 1000))
+            if not observers:
+                if self.store.block_end(run_id, int(remaining * 1000)):
+                    break
+                events = []
+            else:
+                events = self.store.block_events(run_id, last, int(remaining * 1000))
             if events:
                 last = events[-1].id or last
                 failures += notify(observers, events)

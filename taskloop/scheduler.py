@@ -284,6 +284,8 @@ class Planner:
         for key, until in self.leases.items():
             b.lease(key, until)
         if self.finished:
+            assert self.status is not None
+            b.end(self.status)
             grace = self.settings.success_grace_s
             done = self.status == RunStatus.DONE.value
             b.expire_run(grace if done and self.workflow.delete_on_success else self.settings.retention_s)

@@ -60,11 +60,13 @@ class Watcher:
               overrun: Callable[[str], None]) -> Iterator[None]:
         watch_id = next(self._ids)
         with self._lock:
-            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, clock.now())
+            now = clock.now()
+            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, now, polled_at=now)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="taskloop-watcher", daemon=True)
                 self._thread.start()
-        self._wake.set()  # re-plan the next wake-up with this deadline in view
+        if deadline is not None:
+            self._wake.set()  # re-plan the next wake-up with this deadline in view
         try:
             yield
         finally:

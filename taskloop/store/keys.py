@@ -32,12 +32,13 @@ def check_run_id(run_id: object) -> str:
 
 @dataclass(frozen=True)
 class RunKeys:
-    """The keys of one run, in the order the Lua scripts expect them (KEYS[1..7])."""
+    """The keys of one run, in the order the Lua scripts expect them (KEYS[1..8])."""
 
     run: str  # HASH: workflow, version, fingerprint, input, status, control, usage counters
     tasks: str  # HASH: task key -> TaskRecord JSON
     data: str  # HASH: values, round candidates and checks, errors' tracebacks, usage receipts
     events: str  # STREAM: the run's event history
+    end: str  # STREAM: one entry when the run ends (what wait() blocks on)
     leases: str = LEASES
     index: str = RUNS_INDEX
     stats: str = STATS
@@ -45,17 +46,19 @@ class RunKeys:
     @classmethod
     def of(cls, run_id: str) -> RunKeys:
         tag = f"{PREFIX}:{{{run_id}}}"
-        return cls(run=f"{tag}:run", tasks=f"{tag}:tasks", data=f"{tag}:data", events=f"{tag}:events")
+        return cls(run=f"{tag}:run", tasks=f"{tag}:tasks", data=f"{tag}:data", events=f"{tag}:events",
+                   end=f"{tag}:end")
 
     def all(self) -> list[str]:
-        return [self.run, self.tasks, self.data, self.events, self.leases, self.index, self.stats]
+        return [self.run, self.tasks, self.data, self.events, self.leases, self.index, self.stats, self.end]
 
     def run_scoped(self) -> list[str]:
-        return [self.run, self.tasks, self.data, self.events]
+        return [self.run, self.tasks, self.data, self.events, self.end]
 
 
 # Indexes into RunKeys.all() as the Lua scripts see them (1-based).
-K_RUN, K_TASKS, K_DATA, K_EVENTS, K_LEASES, K_INDEX, K_STATS = range(1, 8)
+K_RUN, K_TASKS, K_DATA, K_EVENTS, K_LEASES, K_INDEX, K_STATS, K_END = range(1, 9)
+RUN_SCOPED = (K_RUN, K_TASKS, K_DATA, K_EVENTS, K_END)
 
 
 def lease_member(run_id: str, key: str) -> str:

@@ -144,21 +144,17 @@ class RedisStore:
         return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in entries]
 
     @_wrap
-    def status_and_last_event(self, run_id: str) -> tuple[str | None, str]:
-        keys = k.RunKeys.of(run_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hget(keys.run, "status")
-        pipe.xrevrange(keys.events, "+", "-", count=1)
-        status, last = pipe.execute()
-        return status, (last[0][0] if last else "0-0")
-
-    @_wrap
     def block_events(self, run_id: str, last_id: str, block_ms: int) -> list[Event]:
         """Events after ``last_id``, waiting up to ``block_ms`` for the first one (XREAD BLOCK)."""
         reply = self.client.xread({k.RunKeys.of(run_id).events: last_id}, block=max(block_ms, 1))
         if not reply:
             return []
         return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in reply[0][1]]
+
+    @_wrap
+    def block_end(self, run_id: str, block_ms: int) -> bool:
+        """Wait up to ``block_ms`` for the run's end marker; True once the run has ended."""
+        return bool(self.client.xread({k.RunKeys.of(run_id).end: "0-0"}, count=1, block=max(block_ms, 1)))
 
     @_wrap
     def run_ids(self, limit: int, offset: int = 0) -> list[str]:

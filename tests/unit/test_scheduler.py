@@ -43,7 +43,7 @@ def test_new_run_activates_only_roots() -> None:
     assert planner.run_updates["status"] == "running"
     batch = planner.batch()
     # every record is written, none may exist yet
-    assert batch.guards.count("nx") == 5  # four tasks + the control flag
+    assert [g[0] for g in batch.guards].count("nx") == 5  # four tasks + the control flag
     assert set(planner.leases) == {"a", "d"}
 
 
@@ -56,7 +56,7 @@ def test_finishing_a_task_activates_its_dependents_and_guards_the_whole_graph() 
     planner.settle()
     assert planner.tasks["b"].state is State.QUEUED_ATTEMPT and planner.tasks["b"].round == 1
     assert [(d.key, d.phase, d.round) for d in planner.dispatches] == [("b", Phase.ATTEMPT, 1)]
-    guarded = [g for g in planner.batch().guards if isinstance(g, str) and g in records]
+    guarded = [g[2] for g in planner.batch().guards if g[1] == k.K_TASKS]
     assert sorted(guarded) == ["a", "b", "c", "d"]
     phase_events = [(e.key, e.round, e.phase) for e in planner.events if e.type == "phase"]
     assert phase_events == [("b", 1, "attempt")]
@@ -71,7 +71,7 @@ def test_a_loop_round_only_guards_its_own_record() -> None:
     planner.move("b", PhaseEvent(EventKind.CANDIDATE, NOW))
     planner.settle()
     guards = planner.batch().guards
-    assert [g for g in guards if isinstance(g, str) and g in records] == ["b"]
+    assert [g[2] for g in guards if g[1] == k.K_TASKS] == ["b"]
     assert [(d.key, d.phase) for d in planner.dispatches] == [("b", Phase.CHECK)]
 
 
@@ -149,13 +149,12 @@ def test_last_terminal_task_finishes_the_run_with_its_retention_ttl() -> None:
     planner.move("b", PhaseEvent(EventKind.ACCEPT, NOW))
     planner.settle()
     assert planner.tasks["c"].state is State.QUEUED_RUN and not planner.finished
-    assert "expire" not in planner.batch().writes
-    # c finishing is the last terminal transition: status done, four keys get the retention TTL
+    assert "expire" not in [w[0] for w in planner.batch().writes]
+    # c finishing is the last terminal transition: status done, the run's keys get the retention TTL
     records = _run(dict(planner.tasks), "c", [EventKind.BEGIN])
     planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
     planner.move("c", PhaseEvent(EventKind.SUCCEED, NOW))
     planner.settle()
     assert planner.finished and planner.status == "done"
-    writes = planner.batch().writes
-    expired = [(writes[i + 1], writes[i + 2]) for i, op in enumerate(writes) if op == "expire"]
-    assert expired == [(index, SETTINGS.retention_s) for index in (k.K_RUN, k.K_TASKS, k.K_DATA, k.K_EVENTS)]
+    expired = [(w[1], w[2]) for w in planner.batch().writes if w[0] == "expire"]
+    assert expired == [(index, SETTINGS.retention_s) for index in k.RUN_SCOPED]

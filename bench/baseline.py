@@ -1,0 +1,61 @@
+"""The baseline: a hand-rolled attempt/check loop on plain Celery, the way teams write it today.
+
+``bench.attempt`` enqueues ``bench.check``, which enqueues the next ``bench.attempt`` until the
+check accepts (round 3) or the loop runs out of rounds (the exhaust variant). The loop's state
+lives only in the messages: no record survives a lost message. The Celery settings are the same
+as taskloop's (JSON, acks_late, reject_on_worker_lost, prefetch 1, no result backend, events as
+configured by BENCH_EVENTS).
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from celery import Celery
+
+MAX_ROUNDS = 3
+ACCEPT_ROUND = 3
+
+app = Celery("bench", broker=os.environ.get("TASKLOOP_REDIS_URL", "redis://127.0.0.1:6379/0"))
+app.conf.update(
+    task_serializer="json",
+    accept_content=["json"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "1")),
+    task_ignore_result=True,
+    worker_send_task_events=os.environ.get("BENCH_EVENTS", "1") == "1",
+    task_send_sent_event=os.environ.get("BENCH_EVENTS", "1") == "1",
+    task_default_queue="bench",
+    broker_connection_retry_on_startup=True,
+)
+
+_redis: redis.Redis | None = None
+
+
+def store() -> redis.Redis:
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(app.conf.broker_url)
+    return _redis
+
+
+def produce(loop_id: str, round: int) -> int:
+    return round  # the "work": as cheap as taskloop's benchmark callbacks
+
+
+@app.task(name="bench.attempt", ignore_result=True)
+def attempt(loop_id: str, round: int, mode: str) -> None:
+    candidate = produce(loop_id, round)
+    check.delay(loop_id, round, mode, candidate)
+
+
+@app.task(name="bench.check", ignore_result=True)
+def check(loop_id: str, round: int, mode: str, candidate: int) -> None:
+    accepted = mode == "accept" and candidate >= ACCEPT_ROUND
+    if accepted or round >= MAX_ROUNDS:
+        store().rpush("bench:finished", f"{loop_id} {'done' if accepted else 'exhausted'} {round}")
+        store().rpush(f"bench:result:{loop_id}", "1")
+        return
+    attempt.delay(loop_id, round + 1, mode)
