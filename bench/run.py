@@ -107,11 +107,6 @@ class System:
             "memory_per_run_bytes": round((memory_after - memory_before) / n),
         }
 
-    def latency(self, runs: int) -> dict[str, float]:
-        samples = sorted(self.one_latency() for _ in range(runs))
-        return {"runs": runs, "p50_ms": round(statistics.median(samples) * 1000, 2),
-                "p95_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.95))] * 1000, 2)}
-
 
 class Baseline(System):
     name = "baseline"
@@ -198,6 +193,14 @@ class TaskLoopSystem(System):
         return elapsed
 
 
+def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sample with the median throughput (its other figures come with it)."""
+    ranked = sorted(samples, key=lambda r: r["steps_per_s"])
+    chosen = dict(ranked[len(ranked) // 2])
+    chosen["samples_steps_per_s"] = [r["steps_per_s"] for r in samples]
+    return chosen
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from taskloop.embedded import RedisServer
 
@@ -209,29 +212,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO),
            "BENCH_EVENTS": "1" if args.events else "0"}
     env.pop("TASKLOOP_BROKER_URL", None)
-    os.environ.update({"TASKLOOP_REDIS_URL": server.url, "BENCH_EVENTS": env["BENCH_EVENTS"]})
-    results: dict[str, Any] = {"redis": server.url, "events": args.events, "systems": {}}
+    if not args.events:
+        env["TASKLOOP_CELERY_CONFIG"] = "bench.no_events"
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("TASKLOOP_", "BENCH_"))})
+    systems = [Baseline(server.url, env, logdir), TaskLoopSystem(server.url, env, logdir)]
+    results: dict[str, Any] = {"redis": server.url, "events": args.events, "repeats": args.repeats,
+                               "systems": {s.name: {"throughput": []} for s in systems}}
     try:
-        for system in (Baseline(server.url, env, logdir), TaskLoopSystem(server.url, env, logdir)):
-            if not args.events and system.name == "taskloop":
-                env["TASKLOOP_CELERY_CONFIG"] = "bench.no_events"
+        for system in systems:  # both workers stay up; the one not measured is idle
             system.start_worker()
-            try:
-                system.throughput("accept", 50)  # warm-up: imports, connections, scripts
-                out: dict[str, Any] = {"throughput": []}
-                for mode in ("accept", "exhaust"):
-                    for n in sizes:
-                        out["throughput"].append(system.throughput(mode, n))
-                        print(f"{system.name:9} {mode:8} N={n:<6} {out['throughput'][-1]['steps_per_s']:>8} steps/s",
-                              flush=True)
-                out["latency"] = system.latency(latency_runs)
-                print(f"{system.name:9} latency p50 {out['latency']['p50_ms']} ms", flush=True)
-                out["flood"] = system.throughput("accept", flood, timeout=1800)
-                print(f"{system.name:9} flood N={flood} {out['flood']['seconds']} s", flush=True)
-                results["systems"][system.name] = out
-            finally:
-                system.stop_worker()
+            system.throughput("accept", 50)  # warm-up: imports, connections, scripts
+        for mode in ("accept", "exhaust"):
+            for n in sizes:
+                samples: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+                for i in range(args.repeats):  # interleaved, so that drift hits both alike
+                    for system in systems if i % 2 == 0 else systems[::-1]:
+                        samples[system.name].append(system.throughput(mode, n))
+                for system in systems:
+                    chosen = median_of(samples[system.name])
+                    results["systems"][system.name]["throughput"].append(chosen)
+                    print(f"{system.name:9} {mode:8} N={n:<6} {chosen['steps_per_s']:>8} steps/s "
+                          f"(samples {chosen['samples_steps_per_s']})", flush=True)
+        latencies: dict[str, list[float]] = {s.name: [] for s in systems}
+        for _ in range(latency_runs):
+            for system in systems:
+                latencies[system.name].append(system.one_latency())
+        for system in systems:
+            ordered = sorted(latencies[system.name])
+            results["systems"][system.name]["latency"] = {
+                "runs": latency_runs, "p50_ms": round(statistics.median(ordered) * 1000, 2),
+                "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2)}
+            print(f"{system.name:9} latency p50 {results['systems'][system.name]['latency']['p50_ms']} ms",
+                  flush=True)
+        for system in systems:
+            out = system.throughput("accept", flood, timeout=1800)
+            results["systems"][system.name]["flood"] = out
+            print(f"{system.name:9} flood N={flood} {out['seconds']} s", flush=True)
     finally:
+        for system in systems:
+            system.stop_worker()
         server.stop()
     return results
 
@@ -270,6 +289,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
                         help="Celery task events on both systems (default on, as taskloop ships)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each throughput figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
     try:

@@ -34,7 +34,7 @@ from taskloop.errors import CorruptRecord, IncompatibleDefinition, TaskLoopError
 from taskloop.events import Event, notify
 from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, State, TaskRecord, TaskStatus
 from taskloop.reconciler import recover, worker_is_dead
-from taskloop.scheduler import Dispatch, Planner, ending_reason
+from taskloop.scheduler import Dispatch, Planner, budget_caps, ending_reason, exec_event
 from taskloop.store import Batch, RedisStore, Snapshot
 from taskloop.store import keys as k
 from taskloop.watcher import Watcher
@@ -58,15 +58,21 @@ class Executor:
         self.store = store
         self.settings = settings
         self.send = send
-        self.worker = worker
+        self.worker = worker.replace('"', "'").replace("\\", "/")  # it is spliced into JSON by begin.lua
         self.watcher = Watcher(store, settings)
 
     # entry point ----------------------------------------------------------------------------
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> str:
         """Process one message. Returns what happened: committed, stale, dropped, ..."""
         fields = self._data_fields(phase, key, round)
-        for _ in range(MAX_REPLANS):
-            snap = self.store.snapshot(run_id, fields)
+        # Usually the scheduler prepared this begin: one call reads the run and begins the phase.
+        began, first = self.store.begin(run_id, key, round, phase.value, token, self.worker, clock.now(),
+                                        self.settings.running_lease_s, fields)
+        if began:
+            assert first is not None
+            return self._began(first, key)
+        for attempt in range(MAX_REPLANS):
+            snap = first if attempt == 0 else self.store.snapshot(run_id, fields)
             if snap is None or key not in snap.raw_tasks:
                 what = "run" if snap is None else f"task {key!r} of run"
                 log.error("%s %s not found (never started, or expired); dropping %s round %s",
@@ -104,6 +110,24 @@ class Executor:
             if result is not None:
                 return result
         raise RuntimeError(f"could not record {phase.value} of {run_id}/{key}: too many conflicts")
+
+    def _began(self, snap: Snapshot, key: str) -> str:
+        """The phase began in begin.lua: check what it runs on, then run it."""
+        record = snap.task(key)
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError as exc:
+            error = ErrorRecord(type=type(exc).__name__, message=str(exc))
+            return self._record(_stub_workflow(snap), Task(key=key, kind=TaskKind(record.kind)), snap, record,
+                                Outcome(EventKind.FAIL, error=error), Signal())
+        task = workflow.task(key)
+        problem = _inconsistency(task, record, snap)
+        if problem is not None:
+            error = ErrorRecord(type="CorruptRecord", message=str(CorruptRecord(snap.run_id, key, problem)))
+            return self._record(workflow, task, snap, record, Outcome(EventKind.FAIL, error=error), Signal())
+        if record.deadline is not None and clock.now() >= record.deadline:  # the round ran out while queued
+            return self._record(workflow, task, snap, record, _timeout(task, record), Signal())
+        return self._run(workflow, task, snap, record)
 
     def _step(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str | None:
         """One attempt at handling an admitted message; None means: read again and re-plan."""
@@ -276,28 +300,19 @@ class Executor:
                                                   timeout_ms=task.timeout_ms))
         consumed = begun.attempts - record.attempts
         planner.usage["attempts"] = consumed
-        budget = workflow.budget
-        if budget is not None:
-            if budget.attempts is not None and consumed:
-                planner.caps.append(("u:attempts", budget.attempts, consumed, "budget:attempts"))
-            if budget.input_tokens is not None:
-                planner.caps.append(("u:input", budget.input_tokens, 1, "budget:input_tokens"))
-            if budget.output_tokens is not None:
-                planner.caps.append(("u:output", budget.output_tokens, 1, "budget:output_tokens"))
+        planner.caps += budget_caps(workflow, consumed)
         if found is not None:
             planner.events.extend(found.events)
             if found.fingerprint is not None:
                 planner.data[k.cache_fingerprint_field(task.key)] = found.fingerprint
-        planner.events.append(Event(type=ev.EXEC, key=task.key, round=begun.round, phase=_phase(begun),
-                                    attempt=begun.attempts, at=now,
-                                    data={"worker": self.worker, "replay": begun.execs > 1}))
+        planner.events.append(exec_event(begun, now, self.worker))
         conflict = self.store.apply(planner.batch())
         if conflict is None:
             return Snapshot(snap.run_id, snap.run, {**snap.raw_tasks, task.key: begun.dump()}, snap.data), begun
         if not conflict.label.startswith("budget:"):
             return None
         name = conflict.label.removeprefix("budget:")
-        limit = getattr(budget, name)
+        limit = getattr(workflow.budget, name)
         error = ErrorRecord(
             type="WorkflowBudgetExceeded",
             message=(f"workflow {workflow.name} spent its budget of {limit} {name.replace('_', ' ')} before "

@@ -8,6 +8,7 @@ read, so a concurrent change anywhere it looked makes the write fail and the cal
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,52 @@ class Dispatch:
     round: int
     token: int
     countdown: float | None = None
+
+
+WORKER_SLOT = "@@worker@@"  # filled in by begin.lua with the executing worker's name
+NOW_SLOT = "@@now@@"  # filled in by begin.lua with the begin time
+
+
+def exec_event(record: TaskRecord, at: float, worker: str) -> Event:
+    """The event of a worker beginning to execute a phase (``record`` is the running record)."""
+    return Event(type=ev.EXEC, key=record.key, round=record.round, phase=_value(record.phase),
+                 attempt=record.attempts, at=at, data={"worker": worker, "replay": record.execs > 1})
+
+
+def budget_caps(workflow: Workflow, consumed: int) -> list[tuple[str, int, int, str]]:
+    """The admission checks of a begin: (run field, limit, amount added, label)."""
+    budget = workflow.budget
+    caps: list[tuple[str, int, int, str]] = []
+    if budget is None:
+        return caps
+    if budget.attempts is not None and consumed:
+        caps.append(("u:attempts", budget.attempts, consumed, "budget:attempts"))
+    if budget.input_tokens is not None:
+        caps.append(("u:input", budget.input_tokens, 1, "budget:input_tokens"))
+    if budget.output_tokens is not None:
+        caps.append(("u:output", budget.output_tokens, 1, "budget:output_tokens"))
+    return caps
+
+
+def prepared_begin(workflow: Workflow, record: TaskRecord, run_id: str, settings: Settings) -> str | None:
+    """What beginning this queued phase will write, for begin.lua (None: the worker decides).
+
+    The running record comes from the state machine; begin.lua only fills in the worker's name
+    and the time. A phase that must first evaluate its condition or cache gets none."""
+    task = workflow.by_key.get(record.key)
+    if task is None or (not record.prepared and (task.condition is not None or task.cache is not None)):
+        return None
+    begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker=WORKER_SLOT))
+    consumed = begun.attempts - record.attempts
+    fields = exec_event(begun, 0.0, WORKER_SLOT).to_fields()
+    fields[fields.index("at") + 1] = NOW_SLOT
+    return json.dumps({
+        "token": record.token, "round": record.round, "phase": _value(record.phase),
+        "expect": record.dump(), "record": begun.dump(), "consume": consumed,
+        "caps": [[field, limit, add] for field, limit, add, _ in budget_caps(workflow, consumed)],
+        "event": fields, "member": k.lease_member(run_id, record.key),
+        "timeout_ms": task.timeout_ms, "deadline": record.deadline, "grace": settings.timeout_grace_s,
+    }, separators=(",", ":"), ensure_ascii=False)
 
 
 def initial_records(workflow: Workflow) -> dict[str, TaskRecord]:
@@ -179,6 +226,8 @@ class Planner:
 
     def settle(self) -> None:
         """Propagate the changes made so far through the graph and finish the run if it is over."""
+        if not self.guard_all and self.control == self.snapshot.control and self.snapshot.raw_tasks:
+            return  # no task ended and no control changed: the graph and the run status stay as they are
         for key, record in list(self.changed.items()):
             if record.status is TaskStatus.FAILED and not self._was_failed(key):
                 self._on_failure(record)
@@ -267,8 +316,14 @@ class Planner:
             b.expect(k.K_RUN, "term", None, "termination")
         for field, limit, add, label in self.caps:
             b.cap(k.K_RUN, field, limit, add, label)
-        for record in self.changed.values():
+        for key, record in self.changed.items():
             b.put_task(record)
+            if record.state in QUEUED_STATES:
+                prepared = prepared_begin(self.workflow, record, self.run_id, self.settings)
+                if prepared is not None:
+                    b.hset(k.K_DATA, k.begin_field(key), prepared)
+            elif key in self.snapshot.raw_tasks and self.snapshot.task(key).state in QUEUED_STATES:
+                b.hdel(k.K_DATA, k.begin_field(key))  # it left the queue some other way
         for field, value in self.data.items():
             b.hset(k.K_DATA, field, value)
         for name, amount in self.usage.items():

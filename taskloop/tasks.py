@@ -50,7 +50,7 @@ def executor(app: Celery, hostname: str) -> Executor:
     global _executor, _executor_pid
     if _executor is None or _executor_pid != os.getpid():
         config = settings()
-        store = RedisStore(config.redis_url, retries=10)
+        store = RedisStore(config.redis_url, retries=10, single_connection=True)
         _executor = Executor(store, config, lambda wf, run_id, d: send_phase(app, wf, run_id, d),
                              f"{hostname}/{os.getpid()}")
         _executor_pid = os.getpid()

@@ -71,7 +71,7 @@ class Batch:
 
     def end(self, status: str) -> Batch:
         """Mark the run as ended on its end stream (what wait() blocks on)."""
-        self.writes.append(["xadd", k.K_END, "status", status])
+        self.writes.append(["rpush", k.K_END, status])
         return self
 
     def expire_run(self, seconds: int) -> Batch:

@@ -38,7 +38,7 @@ class RunKeys:
     tasks: str  # HASH: task key -> TaskRecord JSON
     data: str  # HASH: values, round candidates and checks, errors' tracebacks, usage receipts
     events: str  # STREAM: the run's event history
-    end: str  # STREAM: one entry when the run ends (what wait() blocks on)
+    end: str  # LIST: one element once the run has ended (what wait() blocks on)
     leases: str = LEASES
     index: str = RUNS_INDEX
     stats: str = STATS
@@ -83,8 +83,9 @@ def check_field(key: str, round: int) -> str:
     return f"c:{key}:{round}"
 
 
-def traceback_field(key: str) -> str:
-    return f"tb:{key}"
+def begin_field(key: str) -> str:
+    """The begin that the scheduler prepared for a queued phase (read by begin.lua)."""
+    return f"b:{key}"
 
 
 def receipt_field(receipt: str) -> str:

@@ -37,6 +37,10 @@ def load_script(name: str) -> str:
     return resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
 
 
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
 @dataclass
 class Snapshot:
     """What one read of a run returns: the run hash, the raw task records and some data fields."""
@@ -77,7 +81,10 @@ class Conflict:
 class RedisStore:
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable."""
 
-    def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None) -> None:
+    def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None,
+                 single_connection: bool = False) -> None:
+        """``single_connection``: one connection for the whole process (a worker's pool process,
+        which makes its calls one after another) instead of a connection pool."""
         self.url = url
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
         self.client: Any = client or redis.Redis.from_url(
@@ -88,8 +95,11 @@ class RedisStore:
             health_check_interval=15,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+            single_connection_client=single_connection,
         )
         self._cas = self.client.register_script(load_script("cas"))
+        self._snapshot = self.client.register_script(load_script("snapshot"))
+        self._begin = self.client.register_script(load_script("begin"))
 
     @staticmethod
     def _wrap(fn: Callable[P, T]) -> Callable[P, T]:
@@ -111,16 +121,23 @@ class RedisStore:
     @_wrap
     def snapshot(self, run_id: str, data_fields: Sequence[str] = ()) -> Snapshot | None:
         keys = k.RunKeys.of(run_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(keys.run)
-        pipe.hgetall(keys.tasks)
-        if data_fields:
-            pipe.hmget(keys.data, list(data_fields))
-        replies = pipe.execute()
-        if not replies[0]:
+        run, tasks, data = self._snapshot(keys=[keys.run, keys.tasks, keys.data], args=list(data_fields))
+        if not run:
             return None
-        data = dict(zip(data_fields, replies[2], strict=True)) if data_fields else {}
-        return Snapshot(run_id, replies[0], replies[1], data)
+        return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(data_fields, data, strict=True)))
+
+    @_wrap
+    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
+              lease_s: float, data_fields: Sequence[str] = ()) -> tuple[bool, Snapshot | None]:
+        """Read the run and, if the scheduler prepared this phase's begin, begin it (begin.lua)."""
+        keys = k.RunKeys.of(run_id)
+        began, run, tasks, data = self._begin(
+            keys=[keys.run, keys.tasks, keys.data, keys.events, keys.leases],
+            args=[key, token, round, phase, worker, repr(now), lease_s, *data_fields],
+        )
+        if not run:
+            return False, None
+        return bool(began), Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(data_fields, data, strict=True)))
 
     @_wrap
     def data(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
@@ -153,8 +170,12 @@ class RedisStore:
 
     @_wrap
     def block_end(self, run_id: str, block_ms: int) -> bool:
-        """Wait up to ``block_ms`` for the run's end marker; True once the run has ended."""
-        return bool(self.client.xread({k.RunKeys.of(run_id).end: "0-0"}, count=1, block=max(block_ms, 1)))
+        """Wait up to ``block_ms`` for the run's end marker; True once the run has ended.
+
+        The marker is a one-element list that BLMOVE rotates onto itself, so any number of
+        waiters see it without taking it away."""
+        end = k.RunKeys.of(run_id).end
+        return self.client.blmove(end, end, max(block_ms, 1) / 1000.0, "LEFT", "RIGHT") is not None
 
     @_wrap
     def run_ids(self, limit: int, offset: int = 0) -> list[str]:

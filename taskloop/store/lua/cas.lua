@@ -2,7 +2,7 @@
 --
 -- KEYS: every key the batch may touch; operations refer to them by 1-based index. For a run:
 --   [1] run HASH  [2] tasks HASH  [3] data HASH  [4] events STREAM
---   [5] leases ZSET  [6] runs index ZSET  [7] stats HASH  [8] end STREAM
+--   [5] leases ZSET  [6] runs index ZSET  [7] stats HASH  [8] end LIST
 -- ARGV[1]: the batch as JSON (one string, decoded here with cjson): {"g": [guards], "w": [writes]}.
 -- Guards, all evaluated before any write; the first one that fails aborts the whole batch:
 --   ["eq", k, field, value]      HGET KEYS[k] field must equal value
@@ -10,7 +10,7 @@
 --   ["cap", k, field, limit, add]  (HGET KEYS[k] field or 0) + add must be <= limit
 -- Writes:
 --   ["hset", k, field, value] | ["hdel", k, field] | ["hincr", k, field, n]
---   ["xadd", k, f1, v1, ..., fn, vn]  (appends to the stream, auto id)
+--   ["xadd", k, f1, v1, ..., fn, vn]  (appends to the stream, auto id) | ["rpush", k, value]
 --   ["zadd", k, score, member] | ["zrem", k, member] | ["expire", k, seconds] | ["persist", k] | ["del", k]
 -- Returns {1} when every guard held and every write was applied,
 --         {0, i, current} when guard number i failed (current = the field's value or false).
@@ -43,6 +43,8 @@ for _, write in ipairs(batch.w) do
     redis.call('HINCRBY', key, write[3], write[4])
   elseif op == 'xadd' then
     redis.call('XADD', key, '*', unpack(write, 3))
+  elseif op == 'rpush' then
+    redis.call('RPUSH', key, write[3])
   elseif op == 'zadd' then
     redis.call('ZADD', key, write[3], write[4])
   elseif op == 'zrem' then
