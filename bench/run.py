@@ -26,6 +26,8 @@ from typing import Any
 
 import redis
 
+from taskloop.embedded import wait_until_ready
+
 REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_LOOP = 6
 ROUNDS_PER_LOOP = 3
@@ -67,11 +69,7 @@ class System:
         log = self.logdir / f"{self.name}.log"
         self.proc = subprocess.Popen([sys.executable, "-m", *self.worker_args(), "--logfile", str(log)],
                                      env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not (log.exists() and " ready." in log.read_text()):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} worker did not start: {log.read_text() if log.exists() else ''}")
-            time.sleep(0.1)
+        wait_until_ready(self.proc, log)
 
     def stop_worker(self) -> None:
         if self.proc is not None:

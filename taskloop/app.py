@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,10 +51,12 @@ def make_app(config: Settings | None = None) -> Celery:
     return app
 
 
-def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch) -> None:
+def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
     """Send one phase message: ids only, named after the workflow for Flower."""
     task = workflow.by_key.get(dispatch.key)
     options: dict[str, Any] = {}
+    if producer is not None:
+        options["producer"] = producer
     if task is not None and task.queue:
         options["queue"] = task.queue
     if dispatch.countdown:
@@ -66,3 +69,31 @@ def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch)
         ignore_result=True,
         **options,
     )
+
+
+class PhaseSender:
+    """Sends phase messages through one producer kept for the life of the process.
+
+    A pool process sends one message per phase; taking a producer from the pool for each costs
+    a noticeable share of the send. Broker errors are retried by Celery; if a send still fails,
+    the producer is dropped and the next send takes a fresh one (the phase stays queued with its
+    lease, and the reconciler re-sends it)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._producer: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, workflow: Workflow, run_id: str, dispatch: Dispatch) -> None:
+        with self._lock:
+            if self._producer is None:
+                self._producer = self.app.producer_pool.acquire(block=True)
+            try:
+                send_phase(self.app, workflow, run_id, dispatch, producer=self._producer)
+            except Exception:
+                producer, self._producer = self._producer, None
+                try:
+                    producer.release()
+                except Exception:
+                    log.debug("could not release a failed producer", exc_info=True)
+                raise

@@ -108,6 +108,20 @@ class RedisServer:
         self.stop()
 
 
+def wait_until_ready(proc: subprocess.Popen[bytes], logfile: str | Path, timeout: float = 60.0) -> None:
+    """Wait until a worker started with ``--logfile`` logs that it is ready."""
+    log = Path(logfile)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and " ready." in log.read_text():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    text = log.read_text()[-3000:] if log.exists() else ""
+    raise RuntimeError(f"worker did not become ready (log {log}):\n{text}")
+
+
 def spawn_worker(redis_url: str, imports: list[str], concurrency: int = 2, name: str | None = None,
                  loglevel: str = "WARNING", logfile: str | None = None,
                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -67,14 +67,15 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     deadline = time.monotonic() + wait
-    while not _process_gone(int(pid_text)):
+    while not process_gone(int(pid_text)):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
     return True
 
 
-def _process_gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
+    """True when no live process has this pid (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -14,7 +14,7 @@ from celery import Celery, signals
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from taskloop import executor as executor_module
-from taskloop.app import send_phase
+from taskloop.app import PhaseSender, send_phase
 from taskloop.config import settings
 from taskloop.executor import Executor
 from taskloop.phases import Phase
@@ -51,7 +51,7 @@ def executor(app: Celery, hostname: str) -> Executor:
     if _executor is None or _executor_pid != os.getpid():
         config = settings()
         store = RedisStore(config.redis_url, retries=10, single_connection=True)
-        _executor = Executor(store, config, lambda wf, run_id, d: send_phase(app, wf, run_id, d),
+        _executor = Executor(store, config, PhaseSender(app),
                              f"{hostname}/{os.getpid()}")
         _executor_pid = os.getpid()
     return _executor

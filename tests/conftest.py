@@ -8,7 +8,6 @@ every client and worker at it through TASKLOOP_REDIS_URL.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import redis
 
 from taskloop import config
-from taskloop.embedded import RedisServer, spawn_worker
+from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
 FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows")
@@ -71,15 +70,7 @@ class Workers:
         proc = spawn_worker(self.url, list(imports), concurrency=concurrency, name=f"{name}@%h",
                             loglevel="INFO", logfile=str(logfile), extra_env=extra)
         self.procs[name] = proc
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if logfile.exists() and " ready." in logfile.read_text():
-                return
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        text = logfile.read_text() if logfile.exists() else ""
-        raise RuntimeError(f"worker {name} did not become ready:\n{text[-3000:]}")
+        wait_until_ready(proc, logfile, timeout)
 
     def log(self, name: str) -> str:
         return (self.logdir / f"{name}.log").read_text()

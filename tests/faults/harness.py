@@ -10,7 +10,6 @@ more executions in a round than one plus the faults injected into it, an unbalan
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections import Counter
@@ -22,8 +21,9 @@ import redis
 
 from taskloop.client import TaskLoop
 from taskloop.config import Settings
-from taskloop.embedded import RedisServer, spawn_worker
+from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
 from taskloop.errors import StoreUnavailable
+from taskloop.reconciler import process_gone
 from tests.faults import flows
 from tests.ledger import ledger_problems
 
@@ -85,14 +85,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]) != "Z"
-    except OSError:
-        return False
+    return not process_gone(pid)
 
 
 class Cluster:
@@ -124,14 +117,7 @@ class Cluster:
         proc = spawn_worker(self.redis.url, ["tests.faults.flows"], concurrency=concurrency, name=f"{name}@%h",
                             loglevel="INFO", logfile=str(logfile), extra_env=self.env)
         self.workers[name] = proc
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if logfile.exists() and " ready." in logfile.read_text():
-                return
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError(f"worker {name} did not start:\n{logfile.read_text()[-3000:]}")
+        wait_until_ready(proc, logfile, 30)
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
