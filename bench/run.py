@@ -39,6 +39,27 @@ class Failure(Exception):
     """A run or loop ended in the wrong state."""
 
 
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def commandstats(r: redis.Redis) -> dict[str, int]:
     stats = r.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
@@ -55,8 +76,9 @@ def wait_finished(r: redis.Redis, n: int, timeout: float) -> None:
 class System:
     name = ""
 
-    def __init__(self, url: str, env: dict[str, str], logdir: Path) -> None:
+    def __init__(self, url: str, env: dict[str, str], logdir: Path, redis_pid: int) -> None:
         self.url = url
+        self.redis_pid = redis_pid
         self.env = env
         self.logdir = logdir
         self.proc: subprocess.Popen[bytes] | None = None
@@ -85,13 +107,22 @@ class System:
     def one_latency(self) -> float:
         raise NotImplementedError
 
+    def processes(self) -> dict[str, list[int]]:
+        assert self.proc is not None
+        return {"worker main": [self.proc.pid], "worker pool": children_of(self.proc.pid),
+                "redis-server": [self.redis_pid], "client": [os.getpid()]}
+
     def throughput(self, mode: str, n: int, timeout: float = 600) -> dict[str, Any]:
         self.r.delete("bench:finished")
         before, memory_before = commandstats(self.r), int(self.r.info("memory")["used_memory"])
+        procs = self.processes()
+        cpu_before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in procs.items()}
         started = time.perf_counter()
         ids = self.start_loops(mode, n)
         wait_finished(self.r, n, timeout)
         seconds = time.perf_counter() - started
+        cpu = {name: (sum(cpu_seconds(p) for p in pids) - cpu_before[name]) * 1000 / (n * STEPS_PER_LOOP)
+               for name, pids in procs.items()}
         after, memory_after = commandstats(self.r), int(self.r.info("memory")["used_memory"])
         self.verify(mode, ids)
         calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
@@ -103,6 +134,7 @@ class System:
             "commands_per_round": round(sum(calls.values()) / rounds, 2),
             "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
             "memory_per_run_bytes": round((memory_after - memory_before) / n),
+            "cpu_ms_per_step": {name: round(v, 3) for name, v in cpu.items()},
         }
 
 
@@ -142,8 +174,8 @@ class Baseline(System):
 class TaskLoopSystem(System):
     name = "taskloop"
 
-    def __init__(self, url: str, env: dict[str, str], logdir: Path) -> None:
-        super().__init__(url, env, logdir)
+    def __init__(self, url: str, env: dict[str, str], logdir: Path, redis_pid: int) -> None:
+        super().__init__(url, env, logdir, redis_pid)
         from taskloop import TaskLoop
 
         self.client = TaskLoop(url)
@@ -213,7 +245,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.events:
         env["TASKLOOP_CELERY_CONFIG"] = "bench.no_events"
     os.environ.update({k: v for k, v in env.items() if k.startswith(("TASKLOOP_", "BENCH_"))})
-    systems = [Baseline(server.url, env, logdir), TaskLoopSystem(server.url, env, logdir)]
+    assert server.process is not None
+    systems = [Baseline(server.url, env, logdir, server.process.pid),
+               TaskLoopSystem(server.url, env, logdir, server.process.pid)]
     results: dict[str, Any] = {"redis": server.url, "events": args.events, "repeats": args.repeats,
                                "systems": {s.name: {"throughput": []} for s in systems}}
     try:
@@ -226,6 +260,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.repeats):  # interleaved, so that drift hits both alike
                     for system in systems if i % 2 == 0 else systems[::-1]:
                         samples[system.name].append(system.throughput(mode, n))
+                pairs = [t["steps_per_s"] / b["steps_per_s"]
+                         for b, t in zip(samples["baseline"], samples["taskloop"], strict=True)]
+                results.setdefault("paired_ratios", {})[f"{mode} N={n}"] = {
+                    "median": round(statistics.median(pairs), 3), "samples": [round(p, 3) for p in pairs]}
                 for system in systems:
                     chosen = median_of(samples[system.name])
                     results["systems"][system.name]["throughput"].append(chosen)
@@ -276,6 +314,15 @@ def report(results: dict[str, Any]) -> str:
                  f"{t1000['commands_per_round']} | {t1000['commands_per_round'] / b1000['commands_per_round']:.2f} |")
     lines.append(f"| Redis memory held per finished run, bytes (flood) | {bf['memory_per_run_bytes']} | "
                  f"{tf['memory_per_run_bytes']} | |")
+    for name in b1000["cpu_ms_per_step"]:
+        bv, tv = b1000["cpu_ms_per_step"][name], t1000["cpu_ms_per_step"][name]
+        lines.append(f"| CPU ms per step, {name} (accept, N={b1000['n']}) | {bv:.2f} | {tv:.2f} | |")
+    bt, tt = sum(b1000["cpu_ms_per_step"].values()), sum(t1000["cpu_ms_per_step"].values())
+    lines.append(f"| CPU ms per step, all processes | {bt:.2f} | {tt:.2f} | {tt / bt:.2f} |")
+    lines.append("")
+    lines.append("ratios of runs made back to back (taskloop / baseline), median and samples:")
+    for label, paired in results.get("paired_ratios", {}).items():
+        lines.append(f"- {label}: {paired['median']} {paired['samples']}")
     lines.append("")
     lines.append(f"commands per round, baseline: {b1000['commands']}")
     lines.append(f"commands per round, taskloop: {t1000['commands']}")

@@ -94,39 +94,39 @@ class Executor:
                         return result
                     continue
                 return self._stale(snap, record, phase, round, token)
-            try:
-                workflow = self._workflow(snap)
-            except TaskLoopError as exc:
-                error = ErrorRecord(type=type(exc).__name__, message=str(exc))
-                result = self._apply(_stub_workflow(snap), snap, key, Outcome(EventKind.FAIL, error=error))
+            workflow, task, refusal = self._definition(snap, record)
+            if refusal is not None:
+                result = self._apply(workflow, snap, key, refusal)
             else:
-                task = workflow.task(key)
-                problem = _inconsistency(task, record, snap)
-                if problem is not None:
-                    error = ErrorRecord(type="CorruptRecord", message=str(CorruptRecord(run_id, key, problem)))
-                    result = self._apply(workflow, snap, key, Outcome(EventKind.FAIL, error=error))
-                else:
-                    result = self._step(workflow, task, snap, record)
+                result = self._step(workflow, task, snap, record)
             if result is not None:
                 return result
         raise RuntimeError(f"could not record {phase.value} of {run_id}/{key}: too many conflicts")
 
-    def _began(self, snap: Snapshot, key: str) -> str:
-        """The phase began in begin.lua: check what it runs on, then run it."""
-        record = snap.task(key)
+    def _definition(self, snap: Snapshot, record: TaskRecord) -> tuple[Workflow, Task, Outcome | None]:
+        """The workflow and task a record runs under, or the failure to record instead (the
+        definition is not importable here or changed, or the record contradicts its data)."""
         try:
             workflow = self._workflow(snap)
         except TaskLoopError as exc:
+            stub = _stub_workflow(snap)
             error = ErrorRecord(type=type(exc).__name__, message=str(exc))
-            return self._record(_stub_workflow(snap), Task(key=key, kind=TaskKind(record.kind)), snap, record,
-                                Outcome(EventKind.FAIL, error=error), Signal())
-        task = workflow.task(key)
+            return stub, stub.task(record.key), Outcome(EventKind.FAIL, error=error)
+        task = workflow.task(record.key)
         problem = _inconsistency(task, record, snap)
         if problem is not None:
-            error = ErrorRecord(type="CorruptRecord", message=str(CorruptRecord(snap.run_id, key, problem)))
-            return self._record(workflow, task, snap, record, Outcome(EventKind.FAIL, error=error), Signal())
+            error = ErrorRecord(type="CorruptRecord", message=str(CorruptRecord(snap.run_id, record.key, problem)))
+            return workflow, task, Outcome(EventKind.FAIL, error=error)
         if record.deadline is not None and clock.now() >= record.deadline:  # the round ran out while queued
-            return self._record(workflow, task, snap, record, _timeout(task, record), Signal())
+            return workflow, task, _timeout(task, record)
+        return workflow, task, None
+
+    def _began(self, snap: Snapshot, key: str) -> str:
+        """The phase began in begin.lua: check what it runs on, then run it."""
+        record = snap.task(key)
+        workflow, task, refusal = self._definition(snap, record)
+        if refusal is not None:
+            return self._record(workflow, task, snap, record, refusal, Signal())
         return self._run(workflow, task, snap, record)
 
     def _step(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> str | None:
@@ -134,10 +134,6 @@ class Executor:
         if snap.control is not None:
             cancel = Outcome(EventKind.CANCEL, cancelled=True, reason=ending_reason(snap.control))
             return self._apply(workflow, snap, task.key, cancel)
-        now = clock.now()
-        if record.deadline is not None and now >= record.deadline:  # the round ran out while queued
-            return self._apply(workflow, snap, task.key, self._resolve(task, record, _timeout(task, record),
-                                                                        Signal(), snap, now))
         found: caching.Lookup | None = None
         if not record.prepared:
             prepared = self._prepare(workflow, task, snap)
