@@ -91,9 +91,17 @@ class PhaseSender:
             try:
                 send_phase(self.app, workflow, run_id, dispatch, producer=self._producer)
             except Exception:
-                producer, self._producer = self._producer, None
-                try:
-                    producer.release()
-                except Exception:
-                    log.debug("could not release a failed producer", exc_info=True)
+                self._release()
                 raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.release()
+            except Exception:
+                log.debug("could not release a producer", exc_info=True)

@@ -11,7 +11,7 @@ from celery import Celery
 
 from taskloop import clock
 from taskloop import events as ev
-from taskloop.app import make_app, send_phase
+from taskloop.app import PhaseSender, make_app
 from taskloop.config import Settings, settings
 from taskloop.definitions import REGISTRY, Workflow
 from taskloop.errors import (
@@ -48,15 +48,16 @@ _WAIT_SLICE_S = 5.0
 class RunHandle:
     """A started run. ``wait()`` blocks on the run's event stream until it ends."""
 
-    def __init__(self, client: TaskLoop, run_id: str) -> None:
+    def __init__(self, client: TaskLoop, run_id: str, known: bool = False) -> None:
         self.client = client
         self.run_id = run_id
+        self.known = known  # start() just wrote the run: wait() need not look it up first
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id}>"
 
     def wait(self, timeout: float | None = None, on_event: Observer | None = None) -> RunResult:
-        return self.client.wait(self.run_id, timeout=timeout, on_event=on_event)
+        return self.client.wait(self.run_id, timeout=timeout, on_event=on_event, known=self.known)
 
     def inspect(self) -> RunView:
         return self.client.inspect(self.run_id)
@@ -98,6 +99,7 @@ class TaskLoop:
         self.settings = base
         self.store = RedisStore(base.redis_url)
         self._app = app
+        self._sender: PhaseSender | None = None
         self._observers: list[Observer] = []
 
     @property
@@ -106,7 +108,15 @@ class TaskLoop:
             self._app = make_app(self.settings)
         return self._app
 
+    def send(self, workflow: Workflow, run_id: str, dispatch: Dispatch) -> None:
+        """Send one phase message (through a producer this client keeps)."""
+        if self._sender is None:
+            self._sender = PhaseSender(self.app)
+        self._sender(workflow, run_id, dispatch)
+
     def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
         self.store.close()
 
     def observe(self, fn: Observer) -> None:
@@ -141,10 +151,10 @@ class TaskLoop:
         batch.index(now)
         if self.store.apply(batch) is None:
             for dispatch in planner.dispatches:
-                send_phase(self.app, wf, run_id, dispatch)
+                self.send(wf, run_id, dispatch)
         else:
             self._restart(wf, run_id)
-        return RunHandle(self, run_id)
+        return RunHandle(self, run_id, known=True)
 
     def _restart(self, wf: Workflow, run_id: str) -> None:
         """``start`` with an existing run id: same workflow -> re-send its queued phases."""
@@ -157,7 +167,7 @@ class TaskLoop:
         for record in snap.tasks().values():
             if record.state in QUEUED_STATES and record.phase is not None:
                 # Duplicates are harmless: the first delivery begins, the other is refused as stale.
-                send_phase(self.app, wf, run_id, Dispatch(record.key, record.phase, record.round, record.token))
+                self.send(wf, run_id, Dispatch(record.key, record.phase, record.round, record.token))
 
     # reading --------------------------------------------------------------------------------
     def _snapshot(self, run_id: str, data_fields: list[str] | None = None) -> Snapshot:
@@ -166,11 +176,13 @@ class TaskLoop:
             raise RunNotFound(run_id)
         return snap
 
-    def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None) -> RunResult:
+    def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
+             known: bool = False) -> RunResult:
         """Block until the run ends and return its result. Without observers it blocks on the run's
-        end marker (one wake-up); with observers it reads every event as it is appended."""
+        end marker (one wake-up); with observers it reads every event as it is appended.
+        ``known``: the run is known to exist (a handle from start), skip looking it up first."""
         deadline = None if timeout is None else clock.now() + timeout
-        (status,) = self.store.run_fields(run_id, "status")
+        status = "running" if known else self.store.run_fields(run_id, "status")[0]
         if status is None:
             raise RunNotFound(run_id)
         observers = [*self._observers, *([on_event] if on_event else [])]
@@ -206,14 +218,15 @@ class TaskLoop:
 
     def result(self, run_id: str) -> RunResult | None:
         """The result of a finished run, or None while it is still going."""
-        snap = self._snapshot(run_id)
+        snap = self.store.snapshot_with_values(run_id)
+        if snap is None:
+            raise RunNotFound(run_id)
         status = snap.run.get("status")
         if status not in _TERMINAL:
             return None
         tasks = snap.tasks()
-        done = [key for key, rec in tasks.items() if rec.status is TaskStatus.DONE]
-        raws = self.store.data(run_id, [k.value_field(key) for key in done])
-        values = {key: json.loads(raw) if raw is not None else None for key, raw in zip(done, raws, strict=True)}
+        values = {key: json.loads(snap.data.get(k.value_field(key)) or "null")
+                  for key, rec in tasks.items() if rec.status is TaskStatus.DONE}
         observer_errors: list[dict[str, Any]] = []
         if int(snap.run.get("stat:observer_errors", 0)):
             observer_errors = [e.data or {} for e in self.store.events(run_id) if e.type == ev.OBSERVER_ERROR]
@@ -332,17 +345,18 @@ class TaskLoop:
             planner.run_deletes += ["ctl", "term", "finished"]
             planner.revive = planner.guard_all = True
             planner.events.append(Event(type=ev.RUN_RESUMED, at=now, data={"tasks": [r.key for r in replayable]}))
+            replay = {r.key for r in replayable}
             for key in wf.order:
                 record = tasks[key]
-                reopen = record in replayable or record.status is TaskStatus.CANCELLED or (
+                reopen = key in replay or record.status is TaskStatus.CANCELLED or (
                     record.status is TaskStatus.SKIPPED and record.reason != "condition")
                 if reopen:
                     planner.move(key, PhaseEvent(EventKind.RESUME, now))
             planner.settle()
             if self.store.apply(planner.batch()) is None:
                 for dispatch in planner.dispatches:
-                    send_phase(self.app, wf, run_id, dispatch)
-                return RunHandle(self, run_id)
+                    self.send(wf, run_id, dispatch)
+                return RunHandle(self, run_id, known=True)
 
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""
@@ -375,7 +389,7 @@ class TaskLoop:
             planner.settle()
             if self.store.apply(planner.batch()) is None:
                 for dispatch in planner.dispatches:
-                    send_phase(self.app, wf, run_id, dispatch)
+                    self.send(wf, run_id, dispatch)
                 return self.inspect(run_id)
 
 

@@ -98,7 +98,7 @@ def budget_caps(workflow: Workflow, consumed: int) -> list[tuple[str, int, int, 
     return caps
 
 
-def prepared_begin(workflow: Workflow, record: TaskRecord, run_id: str, settings: Settings) -> str | None:
+def prepared_begin(workflow: Workflow, record: TaskRecord, raw: str, run_id: str, settings: Settings) -> str | None:
     """What beginning this queued phase will write, for begin.lua (None: the worker decides).
 
     The running record comes from the state machine; begin.lua only fills in the worker's name
@@ -112,7 +112,7 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, run_id: str, settings
     fields[fields.index("at") + 1] = NOW_SLOT
     return json.dumps({
         "token": record.token, "round": record.round, "phase": _value(record.phase),
-        "expect": record.dump(), "record": begun.dump(), "consume": consumed,
+        "expect": raw, "record": begun.dump(), "consume": consumed,
         "caps": [[field, limit, add] for field, limit, add, _ in budget_caps(workflow, consumed)],
         "event": fields, "member": k.lease_member(run_id, record.key),
         "timeout_ms": task.timeout_ms, "deadline": record.deadline, "grace": settings.timeout_grace_s,
@@ -317,9 +317,10 @@ class Planner:
         for field, limit, add, label in self.caps:
             b.cap(k.K_RUN, field, limit, add, label)
         for key, record in self.changed.items():
-            b.put_task(record)
+            raw = record.dump()
+            b.hset(k.K_TASKS, key, raw)
             if record.state in QUEUED_STATES:
-                prepared = prepared_begin(self.workflow, record, self.run_id, self.settings)
+                prepared = prepared_begin(self.workflow, record, raw, self.run_id, self.settings)
                 if prepared is not None:
                     b.hset(k.K_DATA, k.begin_field(key), prepared)
             elif key in self.snapshot.raw_tasks and self.snapshot.task(key).state in QUEUED_STATES:

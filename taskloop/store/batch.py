@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from taskloop.events import Event
-from taskloop.phases import TaskRecord
 from taskloop.store import keys as k
 
 
@@ -39,9 +38,6 @@ class Batch:
     def hset(self, key_index: int, field: str, value: str) -> Batch:
         self.writes.append(["hset", key_index, field, value])
         return self
-
-    def put_task(self, record: TaskRecord) -> Batch:
-        return self.hset(k.K_TASKS, record.key, record.dump())
 
     def hdel(self, key_index: int, field: str) -> Batch:
         self.writes.append(["hdel", key_index, field])

@@ -127,6 +127,16 @@ class RedisStore:
         return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(data_fields, data, strict=True)))
 
     @_wrap
+    def snapshot_with_values(self, run_id: str) -> Snapshot | None:
+        """A snapshot whose data holds every task's value field (what a result needs)."""
+        keys = k.RunKeys.of(run_id)
+        run, tasks, data = self._snapshot(keys=[keys.run, keys.tasks, keys.data], args=["*values"])
+        if not run:
+            return None
+        fields = [k.value_field(key) for key in tasks[::2]]
+        return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(fields, data, strict=True)))
+
+    @_wrap
     def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
               lease_s: float, data_fields: Sequence[str] = ()) -> tuple[bool, Snapshot | None]:
         """Read the run and, if the scheduler prepared this phase's begin, begin it (begin.lua)."""

@@ -168,10 +168,10 @@ def test_a_phase_that_keeps_killing_its_worker_ends_failed(cluster: Cluster) -> 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_crash_between_record_and_send(cluster: Cluster, size: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    import taskloop.client
+    import taskloop.app
 
     # Given a client that records the first phase of each run and dies before sending its message
-    monkeypatch.setattr(taskloop.client, "send_phase", lambda *args, **kwargs: None)
+    monkeypatch.setattr(taskloop.app, "send_phase", lambda *args, **kwargs: None)
     started = time.time()
     run_ids = cluster.start_runs(size["runs"])
     faults = [Fault("message never sent", started, [(rid, "work", 1, "attempt") for rid in run_ids])]

@@ -111,10 +111,10 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
 
 
 def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
-    import taskloop.client
+    import taskloop.app
 
     # Given a run whose first message was recorded but never sent (the client died in between)
-    monkeypatch.setattr(taskloop.client, "send_phase", lambda *a, **kw: None)
+    monkeypatch.setattr(taskloop.app, "send_phase", lambda *a, **kw: None)
     run = client.start(flows.core, input={})
     time.sleep(0.5)
     assert client.inspect(run.run_id).tasks["source"].status == "active"

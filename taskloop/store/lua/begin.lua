@@ -18,7 +18,6 @@ local function snapshot(began)
   return {began, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), data}
 end
 
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, {}, {}, {}} end
 local prepared = redis.call('HGET', KEYS[3], 'b:' .. key)
 if not prepared then return snapshot(0) end
 local pre = cjson.decode(prepared)
