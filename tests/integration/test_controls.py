@@ -48,7 +48,7 @@ def test_a_callback_that_ignores_the_signal_is_stopped_by_the_hard_limit(client,
     [failed] = [e for e in _events(client, run.run_id, "task") if e.data["status"] == "failed"]
     # recorded within timeout_ms + the grace (+ the watcher's polling slack)
     elapsed = failed.at - started.at
-    assert 0.5 <= elapsed <= 0.5 + GRACE + 0.5, elapsed
+    assert 0.5 <= elapsed <= 0.5 + GRACE + 1.5, elapsed  # slack for a loaded machine
     # the pool process that ran time.sleep(60) was stopped ...
     [pid] = recorded(probe, run.run_id, "stubborn_pid")
     deadline = time.monotonic() + 10
@@ -84,7 +84,7 @@ def test_retry_count_and_exponential_delays_follow_the_policy(client, probe) -> 
     assert len({t["key"] for t in tries}) == 4  # each try is its own idempotency key
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(tries)]
     for gap, delay in zip(gaps, [0.2, 0.4, 0.5], strict=True):  # 200, 400, 800 capped at 500
-        assert delay <= gap <= delay + 0.4, (gaps, delay)
+        assert delay <= gap <= delay + 1.0, (gaps, delay)  # never early; late only by scheduling
     execs = _events(client, run.run_id, "exec")
     assert [e.attempt for e in execs] == [1, 2, 3, 4]
     assert [(e.round, e.phase) for e in _events(client, run.run_id, "phase")] == [
@@ -113,7 +113,7 @@ def test_full_jitter_waits_at_most_the_delay(client, probe) -> None:
     assert run.wait(timeout=30).status == "done"
     tries = _tries(probe, run.run_id)
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(tries)]
-    assert len(gaps) == 2 and all(0 <= gap <= 0.3 + 0.4 for gap in gaps), gaps
+    assert len(gaps) == 2 and all(0 <= gap <= 0.3 + 1.0 for gap in gaps), gaps
 
 
 def test_a_timeout_is_retried_when_the_policy_allows_it(client, probe) -> None:
