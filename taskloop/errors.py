@@ -65,10 +65,6 @@ class StoreUnavailable(TaskLoopError, ConnectionError):
     """Redis could not be reached (or answered with an error) while taskloop needed it."""
 
 
-class StaleToken(TaskLoopError):
-    """A write carried a fencing token that is no longer current; it was rejected."""
-
-
 class IllegalTransition(TaskLoopError):
     """The phase state machine refused an event in the record's current state."""
 

@@ -103,10 +103,8 @@ _ACTIVE_STATES = {
     (Phase.RUN, Slot.QUEUED): State.QUEUED_RUN,
     (Phase.RUN, Slot.RUNNING): State.RUNNING_RUN,
 }
-_PHASE_OF = {state: phase for (phase, _), state in _ACTIVE_STATES.items()}
 QUEUED_STATES = frozenset({State.QUEUED_ATTEMPT, State.QUEUED_CHECK, State.QUEUED_RUN})
 RUNNING_STATES = frozenset({State.RUNNING_ATTEMPT, State.RUNNING_CHECK, State.RUNNING_RUN})
-NON_TERMINAL = frozenset({State.WAITING, State.PAUSED, *QUEUED_STATES, *RUNNING_STATES})
 
 
 class ErrorRecord(BaseModel):
@@ -358,7 +356,3 @@ def advance(record: TaskRecord, event: PhaseEvent) -> TaskRecord:
     if new.state not in allowed:  # pragma: no cover - guards the table against the functions
         raise IllegalTransition(f"task {record.key}: {event.kind.value} led to {new.state.value}")
     return new
-
-
-def phase_of(state: State) -> Phase | None:
-    return _PHASE_OF.get(state)

@@ -52,9 +52,6 @@ class RunKeys:
     def all(self) -> list[str]:
         return [self.run, self.tasks, self.data, self.events, self.leases, self.index, self.stats, self.end]
 
-    def run_scoped(self) -> list[str]:
-        return [self.run, self.tasks, self.data, self.events, self.end]
-
 
 # Indexes into RunKeys.all() as the Lua scripts see them (1-based).
 K_RUN, K_TASKS, K_DATA, K_EVENTS, K_LEASES, K_INDEX, K_STATS, K_END = range(1, 9)

@@ -243,10 +243,6 @@ class RedisStore:
                 pipe.hincrby(k.RunKeys.of(run_id).run, f"u:{name}", amount)
         pipe.execute()
 
-    @_wrap
-    def ping(self) -> bool:
-        return bool(self.client.ping())
-
     def close(self) -> None:
         self.client.close()
 
