@@ -128,10 +128,13 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
 
 def _reconcile_one(store: RedisStore, settings: Settings, send: Sender, run_id: str, key: str,
                    now: float, report: Report) -> None:
-    snap = store.snapshot(run_id)
+    snap, lease = store.snapshot_with_lease(run_id, key)
     if snap is None or key not in snap.raw_tasks:
         store.apply(Batch(run_id).lease(key, None))
         report.cleaned += 1
+        return
+    if lease is not None and lease > now:
+        report.conflicts += 1  # another reconciler or a worker renewed it since the lease list was read
         return
     record = snap.task(key)
     if record.state not in QUEUED_STATES and record.state not in RUNNING_STATES:

@@ -137,6 +137,17 @@ class RedisStore:
         return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(fields, data, strict=True)))
 
     @_wrap
+    def snapshot_with_lease(self, run_id: str, key: str) -> tuple[Snapshot | None, float | None]:
+        """A snapshot and the lease of one task, read together (their versions agree)."""
+        keys = k.RunKeys.of(run_id)
+        reply = self._snapshot(keys=[keys.run, keys.tasks, keys.data, keys.leases],
+                               args=["*lease", k.lease_member(run_id, key)])
+        if not reply[0]:
+            return None, None
+        lease = float(reply[3]) if reply[3] is not None else None
+        return Snapshot(run_id, _pairs(reply[0]), _pairs(reply[1])), lease
+
+    @_wrap
     def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
               lease_s: float, data_fields: Sequence[str] = ()) -> tuple[bool, Snapshot | None]:
         """Read the run and, if the scheduler prepared this phase's begin, begin it (begin.lua)."""

@@ -133,3 +133,31 @@ def test_reconcile_command_runs_a_pass() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "examined" in done.stdout and "redispatched" in done.stdout
+
+
+def test_several_reconcilers_at_once_redispatch_a_phase_once(client, monkeypatch) -> None:
+    import threading
+
+    import taskloop.app
+
+    monkeypatch.setattr(taskloop.app, "send_phase", lambda *a, **kw: None)
+    run = client.start(flows.core, input={})
+    monkeypatch.undo()
+    later = time.time() + settings().queued_lease_s + 1
+    reports = []
+    barrier = threading.Barrier(4)
+
+    def one_pass() -> None:
+        barrier.wait()
+        reports.append(reconcile(client.store, settings(),
+                                 lambda wf, rid, d: send_phase(client.app, wf, rid, d), now=later))
+
+    threads = [threading.Thread(target=one_pass) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # every pass saw the expired lease; exactly one won it, the others found it handled
+    assert sum(r.redispatched for r in reports) == 1
+    assert run.wait(timeout=30).status == "done"
+    assert len([e for e in client.events(run.run_id) if e.type == "phase" and e.key == "source"]) == 1
