@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -21,6 +24,7 @@ from taskloop.errors import (
     RunExists,
     RunNotFound,
     RunTimeout,
+    StoreUnavailable,
     TaskLoopError,
 )
 from taskloop.events import Event, Observer, notify
@@ -41,8 +45,39 @@ from taskloop.scheduler import CANCEL_PREFIX, Dispatch, Planner
 from taskloop.store import RedisStore, Snapshot
 from taskloop.store import keys as k
 
+log = logging.getLogger("taskloop.client")
 _TERMINAL = {s.value for s in TERMINAL_RUN}
 _WAIT_SLICE_S = 5.0
+
+
+class _Outage:
+    """How a waiting client rides out a Redis outage: back off, say so, and give up only after
+    ``limit`` seconds without an answer (then StoreUnavailable)."""
+
+    def __init__(self, limit: float, notice: Callable[[str], None]) -> None:
+        self.limit = limit
+        self.notice = notice
+        self.since: float | None = None
+        self.delay = 0.1
+
+    def failed(self, exc: StoreUnavailable, deadline: float | None) -> None:
+        now = clock.now()
+        if self.since is None:
+            self.since = now
+            self.notice(f"Redis unreachable, retrying for up to {self.limit:g}s ({exc})")
+        if now - self.since >= self.limit:
+            raise exc
+        if deadline is not None and now >= deadline:
+            raise RunTimeout(f"gave up waiting: Redis has been unreachable for {now - self.since:.1f}s "
+                             "and the wait's timeout passed") from exc
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 2.0)
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            self.notice(f"Redis reachable again after {clock.now() - self.since:.1f}s")
+        self.since = None
+        self.delay = 0.1
 
 
 class RunHandle:
@@ -177,14 +212,25 @@ class TaskLoop:
         return snap
 
     def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
-             known: bool = False) -> RunResult:
+             known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
         """Block until the run ends and return its result. Without observers it blocks on the run's
         end marker (one wake-up); with observers it reads every event as it is appended.
-        ``known``: the run is known to exist (a handle from start), skip looking it up first."""
+        ``known``: the run is known to exist (a handle from start), skip looking it up first.
+
+        A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
+        (``on_notice`` hears about it); the wait keeps its place in the event stream."""
         deadline = None if timeout is None else clock.now() + timeout
-        status = "running" if known else self.store.run_fields(run_id, "status")[0]
-        if status is None:
-            raise RunNotFound(run_id)
+        notice = on_notice or (lambda message: log.warning("%s", message))
+        outage = _Outage(self.settings.wait_outage_s, notice)
+        status: str | None = "running" if known else None
+        while status is None:
+            try:
+                status = self.store.run_fields(run_id, "status")[0]
+                if status is None:
+                    raise RunNotFound(run_id)
+            except StoreUnavailable as exc:
+                outage.failed(exc, deadline)
+        outage.recovered()
         observers = [*self._observers, *([on_event] if on_event else [])]
         last = "0-0"
         failures: list[dict[str, str]] = []
@@ -195,22 +241,31 @@ class TaskLoop:
                     f"run {run_id} did not finish within {timeout}s (status {status}); it keeps running: "
                     "wait again, or look at it with `taskloop inspect`"
                 )
-            if not observers:
-                if self.store.block_end(run_id, int(remaining * 1000)):
-                    break
-                events = []
-            else:
-                events = self.store.block_events(run_id, last, int(remaining * 1000))
-            if events:
-                last = events[-1].id or last
-                failures += notify(observers, events)
-                if any(e.type == ev.RUN_FINISHED for e in events):
-                    break
-            else:
-                (status,) = self.store.run_fields(run_id, "status")
-                if status is None:
-                    raise RunNotFound(run_id)
-        result = self.result(run_id)
+            try:
+                if not observers:
+                    if self.store.block_end(run_id, int(remaining * 1000)):
+                        break
+                    events = []
+                else:
+                    events = self.store.block_events(run_id, last, int(remaining * 1000))
+                if events:
+                    last = events[-1].id or last
+                    failures += notify(observers, events)
+                    if any(e.type == ev.RUN_FINISHED for e in events):
+                        break
+                else:
+                    (status,) = self.store.run_fields(run_id, "status")
+                    if status is None:
+                        raise RunNotFound(run_id)
+                outage.recovered()
+            except StoreUnavailable as exc:
+                outage.failed(exc, deadline)
+        while True:
+            try:
+                result = self.result(run_id)
+                break
+            except StoreUnavailable as exc:
+                outage.failed(exc, deadline)
         assert result is not None
         if failures:
             result = result.model_copy(update={"observer_errors": [*result.observer_errors, *failures]})

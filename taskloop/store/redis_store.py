@@ -78,6 +78,12 @@ class Conflict:
     current: str | None
 
 
+# A blocking read (BLMOVE, XREAD BLOCK) gets this much more socket time than it blocks for, so a
+# reply that arrives a moment late is never mistaken for Redis being down.
+BLOCK_MARGIN_S = 10.0
+SOCKET_TIMEOUT_S = 5.0
+
+
 class RedisStore:
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable."""
 
@@ -90,6 +96,7 @@ class RedisStore:
         self.client: Any = client or redis.Redis.from_url(
             url,
             decode_responses=True,
+            socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=2,
             socket_keepalive=True,
             health_check_interval=15,
@@ -97,6 +104,7 @@ class RedisStore:
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
             single_connection_client=single_connection,
         )
+        self._blocking: Any = None  # a client for blocking reads, made on first use
         self._cas = self.client.register_script(load_script("cas"))
         self._snapshot = self.client.register_script(load_script("snapshot"))
         self._begin = self.client.register_script(load_script("begin"))
@@ -181,10 +189,34 @@ class RedisStore:
         entries = self.client.xrange(k.RunKeys.of(run_id).events, start, "+", count=count)
         return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in entries]
 
+    def _blocking_client(self, block_s: float) -> Any:
+        """The client for blocking reads: its socket timeout outlasts the block by BLOCK_MARGIN_S, and
+        it does not retry (a blocking read that timed out is answered by the caller, see below)."""
+        needed = block_s + BLOCK_MARGIN_S
+        if self._blocking is None or self._blocking.connection_pool.connection_kwargs["socket_timeout"] < needed:
+            if self._blocking is not None:
+                self._blocking.close()
+            self._blocking = redis.Redis(connection_pool=redis.ConnectionPool.from_url(
+                self.url, decode_responses=True, socket_timeout=needed, socket_connect_timeout=2,
+                socket_keepalive=True))
+        return self._blocking
+
+    def _block(self, block_s: float, call: Callable[[Any], T], nothing: T) -> T:
+        """Run one blocking read. A read that outlives its socket timeout is not Redis being down: the
+        connection is dropped (a late reply must not be read by the next command) and the caller sees
+        "nothing yet", then checks the run with an ordinary read."""
+        client = self._blocking_client(block_s)
+        try:
+            return call(client)
+        except redis.exceptions.TimeoutError:
+            client.connection_pool.disconnect()
+            return nothing
+
     @_wrap
     def block_events(self, run_id: str, last_id: str, block_ms: int) -> list[Event]:
         """Events after ``last_id``, waiting up to ``block_ms`` for the first one (XREAD BLOCK)."""
-        reply = self.client.xread({k.RunKeys.of(run_id).events: last_id}, block=max(block_ms, 1))
+        stream = k.RunKeys.of(run_id).events
+        reply: Any = self._block(block_ms / 1000.0, lambda c: c.xread({stream: last_id}, block=max(block_ms, 1)), [])
         if not reply:
             return []
         return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in reply[0][1]]
@@ -196,7 +228,8 @@ class RedisStore:
         The marker is a one-element list that BLMOVE rotates onto itself, so any number of
         waiters see it without taking it away."""
         end = k.RunKeys.of(run_id).end
-        return self.client.blmove(end, end, max(block_ms, 1) / 1000.0, "LEFT", "RIGHT") is not None
+        timeout = max(block_ms, 1) / 1000.0
+        return self._block(timeout, lambda c: c.blmove(end, end, timeout, "LEFT", "RIGHT"), None) is not None
 
     @_wrap
     def run_ids(self, limit: int, offset: int = 0) -> list[str]:
@@ -256,6 +289,8 @@ class RedisStore:
 
     def close(self) -> None:
         self.client.close()
+        if self._blocking is not None:
+            self._blocking.close()
 
     @staticmethod
     def decode_usage(run: dict[str, str]) -> dict[str, Any]:

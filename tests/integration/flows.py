@@ -152,3 +152,15 @@ async_flow = tl.define_workflow("async-flow", version="1", tasks=[
     tl.define_loop_task("draft", max_rounds=3, attempt=async_attempt, check=async_check),
     tl.define_task("count", run=lambda ctx: len(ctx.input["words"])),
 ])
+
+# --- a run that lasts as long as its input says (waiting tests) ---------------------------------
+
+
+def nap(ctx: tl.TaskContext) -> float:
+    seconds = float(ctx.input["seconds"])
+    ctx.signal.wait(seconds)
+    ctx.signal.raise_if_cancelled()
+    return seconds
+
+
+sleeper = tl.define_workflow("sleeper", version="1", tasks=[tl.define_task("nap", run=nap)])

@@ -1,0 +1,64 @@
+"""Waiting for a run: blocking reads that outlast their slice, deadlines kept, CPU starvation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import taskloop as tl
+from taskloop.store import keys as k
+from taskloop.store import redis_store
+from tests.integration import flows
+
+pytestmark = pytest.mark.usefixtures("workers")
+
+
+@pytest.fixture()
+def cpu_hogs() -> Iterator[None]:
+    """Saturate every core with busy loops while the test waits."""
+    import os
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def test_a_blocking_read_that_outlives_its_socket_timeout_is_not_redis_down(client, monkeypatch) -> None:
+    # Given a blocking client whose socket gives up before the block does (the race of issue 10)
+    monkeypatch.setattr(redis_store, "BLOCK_MARGIN_S", -0.7)
+    run_id = f"never-ends-{time.time_ns()}"
+    started = time.monotonic()
+    # When the end marker does not come, the read reports "not ended yet", not StoreUnavailable
+    assert client.store.block_end(run_id, 1000) is False
+    assert time.monotonic() - started < 5
+    # and the store keeps working afterwards, on a fresh connection
+    monkeypatch.setattr(redis_store, "BLOCK_MARGIN_S", 10.0)
+    client.store.client.rpush(k.RunKeys.of(run_id).end, "done")
+    assert client.store.block_end(run_id, 1000) is True
+    client.store.client.delete(k.RunKeys.of(run_id).end)
+
+
+def test_wait_gives_up_at_its_timeout_not_later(client) -> None:
+    run = client.start(flows.sleeper, input={"seconds": 8})
+    started = time.monotonic()
+    with pytest.raises(tl.RunTimeout, match="did not finish within 2"):
+        run.wait(timeout=2)
+    assert 2.0 <= time.monotonic() - started < 3.5
+    assert run.wait(timeout=30).values == {"nap": 8.0}
+
+
+def test_wait_on_a_60s_run_with_the_cpu_saturated_returns_the_result(client, cpu_hogs) -> None:
+    # Given a run that lasts 60 s: twelve 5-second blocking slices, each one a chance for the race
+    run = client.start(flows.sleeper, input={"seconds": 60})
+    # When the client waits while every core is busy
+    result = run.wait(timeout=120)
+    # Then it gets the result, with no StoreUnavailable on the way
+    assert result.status == "done" and result.values == {"nap": 60.0}
