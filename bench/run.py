@@ -194,14 +194,12 @@ class TaskLoopSystem(System):
 
         pipe = self.r.pipeline(transaction=False)
         for run_id in ids:
-            keys = k.RunKeys.of(run_id)
-            pipe.hmget(keys.run, ["status", "term"])
-            pipe.hget(keys.data, k.value_field("loop"))
-            pipe.hget(keys.tasks, "loop")
+            pipe.hmget(k.RunKeys.of(run_id).run, [k.F_STATUS, k.F_TERMINATION, k.value_field("loop"),
+                                                  k.task_field("loop")])
         replies = pipe.execute()
         wrong = []
-        for i, run_id in enumerate(ids):
-            (status, term), value, record = replies[3 * i], replies[3 * i + 1], json.loads(replies[3 * i + 2])
+        for run_id, (status, term, value, raw) in zip(ids, replies, strict=True):
+            record = json.loads(raw)
             if mode == "accept":
                 ok = (status, term, value, record.get("round")) == ("done", None, "3", 3)
             else:

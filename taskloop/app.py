@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,11 +17,10 @@ from taskloop.scheduler import Dispatch
 log = logging.getLogger("taskloop.app")
 
 # Used when no celeryconfig module is importable (the same values as the repository's file).
+# Celery's own defaults stand for the rest: prefetch 4 per process with fair scheduling, and
+# task events off (`taskloop worker -E` turns them on; Flower turns them on by itself).
 DEFAULTS: dict[str, Any] = {
-    "worker_prefetch_multiplier": 1,
     "task_ignore_result": True,
-    "worker_send_task_events": True,
-    "task_send_sent_event": True,
     "broker_transport_options": {"visibility_timeout": 3600},
     "task_default_queue": "taskloop",
     "broker_connection_retry_on_startup": True,
@@ -33,6 +33,15 @@ REQUIRED: dict[str, Any] = {
     "task_acks_late": True,
     "task_reject_on_worker_lost": True,
 }
+
+START_TASK = "taskloop.start"  # plan a run recorded by name (or start one from any Celery client)
+DISPATCH_TASK = "taskloop.dispatch"  # send the phase messages of many queued tasks of one run
+SETTLE_TASK = "taskloop.settle"  # end what no message will (the paused gates of a cancelled run)
+
+# A plan that queues more phases than this sends the rest through DISPATCH_TASK messages of
+# FANOUT_CHUNK tasks each, so that workers send them in parallel (and start() stays fast).
+FANOUT_DIRECT = 32
+FANOUT_CHUNK = 200
 
 
 def make_app(config: Settings | None = None) -> Celery:
@@ -51,6 +60,15 @@ def make_app(config: Settings | None = None) -> Celery:
     return app
 
 
+def phase_name(workflow: Workflow, dispatch: Dispatch) -> str:
+    """The name Flower shows for a phase: ``<workflow>.<key>.<phase>``."""
+    return f"{workflow.name}.{dispatch.key}.{dispatch.phase.value}"
+
+
+def phase_argsrepr(run_id: str, dispatch: Dispatch) -> str:
+    return f"{run_id} {dispatch.key} round={dispatch.round}"
+
+
 def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
     """Send one phase message: ids only, named after the workflow for Flower."""
     task = workflow.by_key.get(dispatch.key)
@@ -64,11 +82,18 @@ def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch,
     app.send_task(
         f"taskloop.{dispatch.phase.value}",
         args=[run_id, dispatch.key, dispatch.round, dispatch.token],
-        shadow=f"{workflow.name}.{dispatch.key}.{dispatch.phase.value}",
-        argsrepr=f"{run_id} {dispatch.key} round={dispatch.round}",
+        shadow=phase_name(workflow, dispatch),
+        argsrepr=phase_argsrepr(run_id, dispatch),
         ignore_result=True,
         **options,
     )
+
+
+def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str], producer: Any = None) -> None:
+    """Ask a worker to send the phase messages of ``keys`` (their current tokens, read there)."""
+    options: dict[str, Any] = {"producer": producer} if producer is not None else {}
+    app.send_task(DISPATCH_TASK, args=[run_id, list(keys)], shadow=f"{workflow.name}.dispatch",
+                  argsrepr=f"{run_id} {len(keys)} tasks", ignore_result=True, **options)
 
 
 class PhaseSender:
@@ -84,12 +109,17 @@ class PhaseSender:
         self._producer: Any = None
         self._lock = threading.Lock()
 
-    def __call__(self, workflow: Workflow, run_id: str, dispatch: Dispatch) -> None:
+    def __call__(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
+        direct = dispatches[:FANOUT_DIRECT]
+        rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
         with self._lock:
             if self._producer is None:
                 self._producer = self.app.producer_pool.acquire(block=True)
             try:
-                send_phase(self.app, workflow, run_id, dispatch, producer=self._producer)
+                for dispatch in direct:
+                    send_phase(self.app, workflow, run_id, dispatch, producer=self._producer)
+                for start in range(0, len(rest), FANOUT_CHUNK):
+                    send_fanout(self.app, workflow, run_id, rest[start:start + FANOUT_CHUNK], producer=self._producer)
             except Exception:
                 self._release()
                 raise

@@ -91,7 +91,7 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
         os.environ["TASKLOOP_IMPORTS"] = ",".join([*imports, *config.settings().imports])
         config.reset()
     _import_modules(())
-    from taskloop.worker import app
+    from taskloop.worker.app import app
 
     argv = ["worker", "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
     if concurrency:
@@ -261,16 +261,16 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     import time
 
-    from taskloop.app import make_app, send_phase
-    from taskloop.reconciler import reconcile
+    from taskloop.app import PhaseSender, make_app
     from taskloop.store import RedisStore
+    from taskloop.worker.reconciler import reconcile
 
     _import_modules(imports)
     settings = config.settings()
     store = RedisStore(settings.redis_url)
     app = make_app(settings)
     while True:
-        report = reconcile(store, settings, lambda wf, run_id, d: send_phase(app, wf, run_id, d))
+        report = reconcile(store, settings, PhaseSender(app))
         click.echo(str(report))
         if every is None:
             return

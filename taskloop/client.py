@@ -1,4 +1,5 @@
-"""The client: start runs, wait for them, inspect, list, cancel and decide gates."""
+"""The client: start runs (by definition or by name), wait for them, inspect, list, cancel,
+resume and decide gates. Reading a run needs only its id, never its definition."""
 
 from __future__ import annotations
 
@@ -6,48 +7,49 @@ import dataclasses
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 
-from taskloop import clock
+from taskloop import clock, starting
 from taskloop import events as ev
-from taskloop.app import PhaseSender, make_app
+from taskloop.app import SETTLE_TASK, START_TASK, PhaseSender, make_app
+from taskloop.commit import commit
 from taskloop.config import Settings, settings
 from taskloop.definitions import REGISTRY, Workflow
 from taskloop.errors import (
     DefinitionError,
+    GateRefused,
     IncompatibleDefinition,
+    InvalidInput,
     NotResumable,
-    RunExists,
     RunNotFound,
     RunTimeout,
     StoreUnavailable,
-    TaskLoopError,
 )
 from taskloop.events import Event, Observer, notify
 from taskloop.jsonvalue import dumps, require_lossless
-from taskloop.models import ErrorInfo, RoundView, RunResult, RunSummary, RunView, TaskView
+from taskloop.models import ErrorInfo, ExecView, RoundView, RunResult, RunSummary, RunView, TaskView, executions
 from taskloop.phases import (
-    QUEUED_STATES,
     TERMINAL_RUN,
     UNRESUMABLE_ERRORS,
-    EventKind,
-    PhaseEvent,
+    ErrorRecord,
     RunStatus,
     State,
+    TaskKind,
     TaskRecord,
     TaskStatus,
 )
 from taskloop.scheduler import CANCEL_PREFIX, Dispatch, Planner
-from taskloop.store import RedisStore, Snapshot
+from taskloop.store import Applied, Batch, RedisStore, RunMeta, Snapshot
 from taskloop.store import keys as k
+from taskloop.store.meta import decode_usage
 
 log = logging.getLogger("taskloop.client")
 _TERMINAL = {s.value for s in TERMINAL_RUN}
 _WAIT_SLICE_S = 5.0
+_LIVE = [RunStatus.RUNNING.value, RunStatus.PENDING.value]
 
 
 class _Outage:
@@ -81,7 +83,7 @@ class _Outage:
 
 
 class RunHandle:
-    """A started run. ``wait()`` blocks on the run's event stream until it ends."""
+    """A started run. ``wait()`` blocks on the run's end marker until it ends."""
 
     def __init__(self, client: TaskLoop, run_id: str, known: bool = False) -> None:
         self.client = client
@@ -132,7 +134,7 @@ class TaskLoop:
                 broker_url=broker_url or redis_url or base.broker_url,
             )
         self.settings = base
-        self.store = RedisStore(base.redis_url)
+        self.store = RedisStore(base.redis_url, events_maxlen=base.events_maxlen)
         self._app = app
         self._sender: PhaseSender | None = None
         self._observers: list[Observer] = []
@@ -143,11 +145,11 @@ class TaskLoop:
             self._app = make_app(self.settings)
         return self._app
 
-    def send(self, workflow: Workflow, run_id: str, dispatch: Dispatch) -> None:
-        """Send one phase message (through a producer this client keeps)."""
+    def send(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None:
+        """Send phase messages (through a producer this client keeps)."""
         if self._sender is None:
             self._sender = PhaseSender(self.app)
-        self._sender(workflow, run_id, dispatch)
+        self._sender(workflow, run_id, dispatches)
 
     def close(self) -> None:
         if self._sender is not None:
@@ -169,47 +171,47 @@ class TaskLoop:
         run_id: str | None = None,
         version: str | None = None,
     ) -> RunHandle:
-        """Start a run (idempotent on ``run_id``: the same id twice gives the same run)."""
-        wf = workflow if isinstance(workflow, Workflow) else REGISTRY.get(workflow, version)
-        require_lossless(input, "run input")
-        run_id = k.check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
-        now = clock.now()
-        planner = Planner.for_new_run(wf, run_id, now, self.settings)
-        planner.run_updates.update(
-            wf=wf.name, ver=wf.version, fp=wf.fingerprint, input=dumps(input), created=repr(now)
-        )
-        planner.events.append(Event(type=ev.RUN_STARTED, at=now,
-                                    data={"workflow": wf.name, "version": wf.version}))
-        planner.settle()
-        batch = planner.batch()
-        batch.expect(k.K_RUN, "wf", None, "run exists")
-        batch.index(now)
-        if self.store.apply(batch) is None:
-            for dispatch in planner.dispatches:
-                self.send(wf, run_id, dispatch)
-        else:
-            self._restart(wf, run_id)
-        return RunHandle(self, run_id, known=True)
-
-    def _restart(self, wf: Workflow, run_id: str) -> None:
-        """``start`` with an existing run id: same workflow -> re-send its queued phases."""
-        snap = self._snapshot(run_id)
-        if (snap.run.get("wf"), snap.run.get("ver")) != (wf.name, wf.version):
-            raise RunExists(
-                f"run_id {run_id!r} already belongs to workflow {snap.run.get('wf')} "
-                f"v{snap.run.get('ver')}; use another run_id (or none for a generated one)"
-            )
-        for record in snap.tasks().values():
-            if record.state in QUEUED_STATES and record.phase is not None:
-                # Duplicates are harmless: the first delivery begins, the other is refused as stale.
-                self.send(wf, run_id, Dispatch(record.key, record.phase, record.round, record.token))
+        """Start a run. ``workflow`` is a definition, or a name: a workflow this process has not
+        imported is recorded ``pending`` and planned by a worker that has it. The same ``run_id``
+        with the same input returns the existing run; with another input it raises RunExists."""
+        if isinstance(workflow, Workflow):
+            started = starting.start_defined(self.store, self.send, workflow, input, run_id, self.settings)
+            return RunHandle(self, started.run_id, known=True)
+        if not isinstance(workflow, str) or not workflow:
+            raise InvalidInput(f"start: workflow must be a workflow or its name, got {workflow!r}")
+        if REGISTRY.has(workflow, version):
+            defined = REGISTRY.get(workflow, version)
+            started = starting.start_defined(self.store, self.send, defined, input, run_id, self.settings)
+            return RunHandle(self, started.run_id, known=True)
+        started = starting.record_pending(self.store, workflow, version, input, run_id, self.settings)
+        if started.pending:
+            self.app.send_task(START_TASK, args=[started.run_id], ignore_result=True,
+                               shadow=f"{workflow}.start", argsrepr=started.run_id)
+        return RunHandle(self, started.run_id, known=True)
 
     # reading --------------------------------------------------------------------------------
-    def _snapshot(self, run_id: str, data_fields: list[str] | None = None) -> Snapshot:
-        snap = self.store.snapshot(run_id, data_fields or [])
-        if snap is None:
+    def find(self, run_id: str) -> str:
+        """The run id that ``run_id`` names: itself, or the one run whose id starts with it."""
+        k.check_run_id(run_id)
+        if self.store.hmget(run_id, [k.F_WORKFLOW])[0] is not None:
+            return run_id
+        matches = self.store.run_ids_with_prefix(run_id, limit=6)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            shown = ", ".join(sorted(matches)[:5])
+            raise RunNotFound(run_id, f"the prefix {run_id!r} matches several runs ({shown}, ...); give more of the id")
+        raise RunNotFound(run_id)
+
+    def _meta(self, run_id: str) -> RunMeta:
+        snap = self.store.snapshot(run_id, k.META_FIELDS)
+        if not snap.exists:
             raise RunNotFound(run_id)
-        return snap
+        return snap.meta()
+
+    def status(self, run_id: str) -> str:
+        """The run's status now: pending, running, waiting, or how it ended."""
+        return self._meta(run_id).status.value
 
     def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
              known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
@@ -222,12 +224,10 @@ class TaskLoop:
         deadline = None if timeout is None else clock.now() + timeout
         notice = on_notice or (lambda message: log.warning("%s", message))
         outage = _Outage(self.settings.wait_outage_s, notice)
-        status: str | None = "running" if known else None
+        status: str | None = RunStatus.RUNNING.value if known else None
         while status is None:
             try:
-                status = self.store.run_fields(run_id, "status")[0]
-                if status is None:
-                    raise RunNotFound(run_id)
+                status = self._meta(run_id).stored_status
             except StoreUnavailable as exc:
                 outage.failed(exc, deadline)
         outage.recovered()
@@ -254,9 +254,7 @@ class TaskLoop:
                     if any(e.type == ev.RUN_FINISHED for e in events):
                         break
                 else:
-                    (status,) = self.store.run_fields(run_id, "status")
-                    if status is None:
-                        raise RunNotFound(run_id)
+                    status = self._meta(run_id).stored_status
                 outage.recovered()
             except StoreUnavailable as exc:
                 outage.failed(exc, deadline)
@@ -273,58 +271,66 @@ class TaskLoop:
 
     def result(self, run_id: str) -> RunResult | None:
         """The result of a finished run, or None while it is still going."""
-        snap = self.store.snapshot_with_values(run_id)
-        if snap is None:
-            raise RunNotFound(run_id)
-        status = snap.run.get("status")
-        if status not in _TERMINAL:
+        meta = self._meta(run_id)
+        if not meta.terminal:
             return None
-        tasks = snap.tasks()
-        values = {key: json.loads(snap.data.get(k.value_field(key)) or "null")
-                  for key, rec in tasks.items() if rec.status is TaskStatus.DONE}
+        snap = Snapshot(run_id, self.store.scan_fields(run_id, k.TASK_PREFIX),
+                        loader=lambda names: self.store.hmget(run_id, names))
+        tasks = _records(snap)
+        done = [key for key, rec in tasks.items() if rec.status is TaskStatus.DONE]
+        snap.ensure([*(k.value_field(key) for key in done), *k.USAGE_FIELDS, k.stat_field("observer_errors")])
+        values = {key: snap.json(k.value_field(key)) for key in done}
         observer_errors: list[dict[str, Any]] = []
-        if int(snap.run.get("stat:observer_errors", 0)):
+        if int(snap.get(k.stat_field("observer_errors")) or 0):
             observer_errors = [e.data or {} for e in self.store.events(run_id) if e.type == ev.OBSERVER_ERROR]
         return RunResult(
             run_id=run_id,
-            status=status,
-            termination_code=snap.run.get("term"),
+            status=meta.stored_status,
+            termination_code=meta.termination.value if meta.termination else None,
             values=values,
-            errors=_errors(tasks),
-            usage=RedisStore.decode_usage(snap.run),
+            errors=_errors(tasks, meta.error),
+            usage=decode_usage(snap.fields),
             observer_errors=observer_errors,
         )
 
     def inspect(self, run_id: str) -> RunView:
-        """Everything recorded about a run, including every round's output and check."""
-        snap = self._snapshot(run_id)
-        tasks = snap.tasks()
-        data = self.store.data_matching(run_id, "")
-        views = {key: _task_view(rec, data) for key, rec in tasks.items()}
-        run = snap.run
+        """Everything recorded about a run, including every round's output, check and executions."""
+        fields: dict[str, str | None] = dict(self.store.all_fields(run_id))
+        if not fields:
+            raise RunNotFound(run_id)
+        snap = Snapshot(run_id, fields)
+        meta = snap.meta()
+        tasks = _records(snap)
+        execs = executions(self.store.events(run_id))
+        views = {key: _task_view(rec, fields, execs.get(key, [])) for key, rec in tasks.items()}
+        stats = {name.removeprefix("s:"): int(v) for name, v in fields.items() if name.startswith("s:") and v}
         return RunView(
             run_id=run_id,
-            workflow=run["wf"],
-            version=run["ver"],
-            status=run.get("status", "running"),
-            termination_code=run.get("term"),
-            input=json.loads(run.get("input", "null")),
-            created_at=float(run["created"]),
-            finished_at=float(run["finished"]) if "finished" in run else None,
-            usage=RedisStore.decode_usage(run),
+            workflow=meta.workflow,
+            version=meta.version,
+            status=meta.status.value,
+            termination_code=meta.termination.value if meta.termination else None,
+            input=snap.json(k.F_INPUT),
+            created_at=meta.created,
+            finished_at=meta.finished,
+            usage=decode_usage(fields),
             tasks=views,
-            stats={name.removeprefix("stat:"): int(v) for name, v in run.items() if name.startswith("stat:")},
+            stats=stats,
+            error=_run_error(meta.error),
+            control=meta.control,
         )
 
     def events(self, run_id: str, after: str | None = None) -> list[Event]:
         """The run's events in order (optionally only those after the event id ``after``)."""
         found = self.store.events(run_id, after)
-        if not found and self.store.snapshot(run_id) is None:
+        if not found and self.store.hmget(run_id, [k.F_WORKFLOW])[0] is None:
             raise RunNotFound(run_id)
         return found
 
     def runs(self, status: str | None = None, workflow: str | None = None, limit: int = 50) -> list[RunSummary]:
         """Recent runs, newest first, optionally filtered by status and workflow name."""
+        if status is not None and status not in {s.value for s in RunStatus}:
+            raise InvalidInput(f"runs: status must be one of {sorted(s.value for s in RunStatus)}, got {status!r}")
         found: list[RunSummary] = []
         offset, page = 0, max(limit, 100)
         while len(found) < limit:
@@ -332,15 +338,19 @@ class TaskLoop:
             if not ids:
                 break
             offset += len(ids)
-            hashes = self.store.run_hashes(ids)
-            self.store.forget_runs([rid for rid, h in zip(ids, hashes, strict=True) if not h])
-            for run_id, run in zip(ids, hashes, strict=True):
-                if not run or (status and run.get("status") != status) or (workflow and run.get("wf") != workflow):
+            rows = self.store.run_metas(ids)
+            gone = [rid for rid, row in zip(ids, rows, strict=True) if row[1] is None]
+            self.store.forget_runs(gone)
+            for run_id, row in zip(ids, rows, strict=True):
+                if row[1] is None:
+                    continue
+                meta = RunMeta.from_fields(run_id, dict(zip(k.META_FIELDS, row, strict=True)))
+                if (status and meta.status.value != status) or (workflow and meta.workflow != workflow):
                     continue
                 found.append(RunSummary(
-                    run_id=run_id, workflow=run["wf"], version=run["ver"], status=run.get("status", "running"),
-                    termination_code=run.get("term"), created_at=float(run["created"]),
-                    finished_at=float(run["finished"]) if "finished" in run else None,
+                    run_id=run_id, workflow=meta.workflow, version=meta.version, status=meta.status.value,
+                    termination_code=meta.termination.value if meta.termination else None,
+                    created_at=meta.created, finished_at=meta.finished,
                 ))
                 if len(found) == limit:
                     break
@@ -348,130 +358,140 @@ class TaskLoop:
 
     # control --------------------------------------------------------------------------------
     def cancel(self, run_id: str, reason: str = "cancelled") -> CancelResult:
-        """Cancel a run: running phases see ctx.signal, nothing new starts, queued phases end
-        cancelled; the run ends ``cancelled`` (termination ``aborted``) once nothing runs."""
+        """Cancel a run: one small write sets its control flag. Running phases see ctx.signal,
+        nothing new starts, queued phases end cancelled as their messages arrive, and the run ends
+        ``cancelled`` (termination ``aborted``) once nothing runs."""
         if not isinstance(reason, str) or not reason:
-            raise DefinitionError("cancel: reason must be a non-empty string")
-        while True:
-            snap = self._snapshot(run_id)
-            status = snap.run.get("status", "running")
-            if status in _TERMINAL:
-                message = f"run {run_id} already finished ({status}); nothing to cancel"
-                return CancelResult(run_id, False, status, message)
-            if snap.control is not None:
-                return CancelResult(run_id, False, status, f"run {run_id} is already stopping ({snap.control})")
-            wf = REGISTRY.get(snap.run["wf"], snap.run["ver"]) if _registered(snap) else None
-            planner = Planner(wf or _graphless(snap), snap, clock.now(), self.settings)
-            planner.control = CANCEL_PREFIX + reason
-            planner.run_updates["ctl"] = planner.control
-            planner.guard_all = True
+            raise InvalidInput("cancel: reason must be a non-empty string")
+        reason = reason[:500]
+        control = CANCEL_PREFIX + reason
+        batch = Batch(run_id).exists(k.F_WORKFLOW, "run exists").expect(k.F_CONTROL, None, "control")
+        batch.one_of(k.F_STATUS, _LIVE, "status")
+        batch.set(k.F_CONTROL, control)
+        batch.event(Event(type=ev.RUN_CANCEL, at=clock.now(), data={"reason": reason}))
+        result = self.store.apply(batch)
+        if not isinstance(result, Applied):
+            if result.label == "run exists":
+                raise RunNotFound(run_id)
+            meta = self._meta(run_id)
+            if meta.terminal:
+                return CancelResult(run_id, False, meta.status.value,
+                                    f"run {run_id} already finished ({meta.status.value}); nothing to cancel")
+            return CancelResult(run_id, False, meta.status.value, f"run {run_id} is already stopping ({meta.control})")
+        meta = self._meta(run_id)
+        if meta.stored_status == RunStatus.PENDING.value:
+            self.app.send_task(START_TASK, args=[run_id], ignore_result=True)  # ends it cancelled
+        elif meta.paused:
+            self._settle_gates(run_id, meta)
+        return CancelResult(run_id, True, meta.status.value,
+                            f"run {run_id} cancelling: running phases were signalled")
+
+    def _settle_gates(self, run_id: str, meta: RunMeta) -> None:
+        """End the paused gates of a cancelled run here when this process has the definition;
+        else ask a worker (and the reconciler does it too if both fail)."""
+        if not REGISTRY.has(meta.workflow, meta.version or None):
+            self.app.send_task(SETTLE_TASK, args=[run_id], ignore_result=True)
+            return
+        workflow = REGISTRY.get(meta.workflow, meta.version or None)
+
+        def plan(view: Snapshot) -> Planner:
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            planner.cancel_gates()
             planner.settle()
-            if self.store.apply(planner.batch()) is None:
-                state = "cancelled" if planner.finished else "cancelling: running phases were signalled"
-                return CancelResult(run_id, True, planner.status or status, f"run {run_id} {state}")
+            return planner
+
+        commit(self.store, plan, self.store.snapshot(run_id, [k.F_CONTROL]), self.send)
 
     def resume(self, run_id: str) -> RunHandle:
         """Replay the interrupted phases of a run that failed on a callback error (or a timeout, or a
         lost worker). Exhausted loops stay exhausted; a changed definition is refused."""
-        while True:
-            snap = self._snapshot(run_id)
-            status = snap.run.get("status")
-            if status != RunStatus.FAILED.value:
-                raise NotResumable(f"run {run_id} is {status}; only a failed run can be resumed")
-            wf = REGISTRY.get(snap.run["wf"], snap.run["ver"])
-            if snap.run.get("fp") != wf.fingerprint:
-                raise IncompatibleDefinition(
-                    f"run {run_id} was started with another definition of workflow {wf.name} v{wf.version} "
-                    f"(fingerprint {snap.run.get('fp')}, this process has {wf.fingerprint}); a run resumes only "
-                    "under the definition it started with: restore it, or start a new run"
-                )
-            tasks = snap.tasks()  # CorruptRecord: refused before any callback runs
-            failed = [r for r in tasks.values() if r.status is TaskStatus.FAILED]
-            replayable = [r for r in failed if r.error is None or r.error.type not in UNRESUMABLE_ERRORS]
+        meta = self._meta(run_id)
+        if meta.stored_status != RunStatus.FAILED.value:
+            raise NotResumable(f"run {run_id} is {meta.status.value}; only a failed run can be resumed")
+        wf = REGISTRY.get(meta.workflow, meta.version)
+        if meta.fingerprint != wf.fingerprint:
+            raise IncompatibleDefinition(
+                f"run {run_id} was started with another definition of workflow {wf.name} v{wf.version} "
+                f"(fingerprint {meta.fingerprint}, this process has {wf.fingerprint}); a run resumes only "
+                "under the definition it started with: restore it, or start a new run"
+            )
+
+        def plan(view: Snapshot) -> Planner:
+            if view.get(k.F_STATUS) != RunStatus.FAILED.value:
+                raise NotResumable(f"run {run_id} is no longer failed")
+            view.ensure([k.task_field(key) for key in wf.order])
+            failed = [r for r in (view.record(key) for key in wf.order) if r and r.status is TaskStatus.FAILED]
+            replayable = {r.key for r in failed if r.error is None or r.error.type not in UNRESUMABLE_ERRORS}
             if not replayable:
                 why = "; ".join(f"task {r.key}: {r.error.message if r.error else 'failed'}" for r in failed)
                 raise NotResumable(
                     f"run {run_id} has nothing to resume ({why}): an exhausted loop stays exhausted and a "
                     "spent budget stays spent; start a new run instead"
                 )
-            now = clock.now()
-            planner = Planner(wf, snap, now, self.settings)
-            planner.control = None
-            planner.run_deletes += ["ctl", "term", "finished"]
-            planner.revive = planner.guard_all = True
-            planner.events.append(Event(type=ev.RUN_RESUMED, at=now, data={"tasks": [r.key for r in replayable]}))
-            replay = {r.key for r in replayable}
-            for key in wf.order:
-                record = tasks[key]
-                reopen = key in replay or record.status is TaskStatus.CANCELLED or (
-                    record.status is TaskStatus.SKIPPED and record.reason != "condition")
-                if reopen:
-                    planner.move(key, PhaseEvent(EventKind.RESUME, now))
-            planner.settle()
-            if self.store.apply(planner.batch()) is None:
-                for dispatch in planner.dispatches:
-                    self.send(wf, run_id, dispatch)
-                return RunHandle(self, run_id, known=True)
+            planner = Planner(wf, view, clock.now(), self.settings)
+            planner.resume(replayable)
+            return planner
+
+        now = clock.now()
+        self.store.relive(run_id, starting.look_at(now, self.settings))
+        commit(self.store, plan, self.store.snapshot(run_id, [k.F_STATUS, k.F_CONTROL]), self.send)
+        return RunHandle(self, run_id, known=True)
 
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""
         if action not in ("approve", "reject", "resume"):
-            raise DefinitionError(f"decide: action must be 'approve', 'reject' or 'resume', got {action!r}")
+            raise GateRefused(f"decide: action must be 'approve', 'reject' or 'resume', got {action!r}")
         require_lossless(value, "run input", "$.value")
-        while True:
-            snap = self._snapshot(run_id)
-            wf = REGISTRY.get(snap.run["wf"], snap.run["ver"])
-            gate = wf.task(key)
-            if not gate.is_gate:
-                raise DefinitionError(f"decide: {key} is a {gate.kind.value}, not a gate")
-            if gate.actors and actor not in gate.actors:
-                raise DefinitionError(
-                    f"decide: actor {actor!r} may not decide gate {key}; allowed: {list(gate.actors)}")
-            if action == "resume" and gate.gate_kind == "approval":
-                raise DefinitionError(f"decide: gate {key} is an approval gate; use approve or reject")
-            record = snap.task(key)
-            if record.state is not State.PAUSED:
-                raise DefinitionError(
-                    f"decide: gate {key} is not waiting for a decision (status {record.status.value})")
+        meta = self._meta(run_id)
+        wf = REGISTRY.get(meta.workflow, meta.version)
+        gate = wf.by_key.get(key)
+        if gate is None or not gate.is_gate:
+            what = f"a {gate.kind.value}" if gate else "not a task of this workflow"
+            raise GateRefused(f"decide: {key} is {what}, not a gate; gates: {list(wf.gates)}")
+        if gate.actors and actor not in gate.actors:
+            raise GateRefused(f"decide: actor {actor!r} may not decide gate {key}; allowed: {list(gate.actors)}")
+        if action == "resume" and gate.gate_kind == "approval":
+            raise GateRefused(f"decide: gate {key} is an approval gate; use approve or reject")
+
+        def plan(view: Snapshot) -> Planner:
+            record = view.record(key)
+            if record is None or record.state is not State.PAUSED:
+                status = record.status.value if record else "missing"
+                raise GateRefused(f"decide: gate {key} is not waiting for a decision (status {status})")
             now = clock.now()
-            planner = Planner(wf, snap, now, self.settings)
-            kind = EventKind.DENY if action == "reject" else EventKind.APPROVE
-            planner.move(key, PhaseEvent(kind, now))
-            if kind is EventKind.APPROVE:
-                planner.data[k.value_field(key)] = dumps(value)
-            planner.events.append(Event(type="gate", key=key, phase=action, at=now,
-                                        data={"actor": actor, "reason": reason}))
-            planner.settle()
-            if self.store.apply(planner.batch()) is None:
-                for dispatch in planner.dispatches:
-                    self.send(wf, run_id, dispatch)
-                return self.inspect(run_id)
+            planner = Planner(wf, view, now, self.settings)
+            gate_event = Event(type="gate", key=key, phase=action, at=now, data={"actor": actor, "reason": reason})
+            planner.decide(key, action != "reject", dumps(value), gate_event)
+            return planner
+
+        commit(self.store, plan, self.store.snapshot(run_id, [k.task_field(key), k.F_CONTROL]), self.send)
+        return self.inspect(run_id)
 
 
-def _registered(snap: Snapshot) -> bool:
-    try:
-        REGISTRY.get(snap.run["wf"], snap.run["ver"])
-        return True
-    except TaskLoopError:
-        return False
+def _records(snap: Snapshot) -> dict[str, TaskRecord]:
+    keys = [k.key_of_task_field(name) for name in snap.fields if name.startswith(k.TASK_PREFIX)]
+    found = {key: snap.record(key) for key in keys}
+    return {key: rec for key, rec in found.items() if rec is not None}
 
 
-def _graphless(snap: Snapshot) -> Workflow:
-    from taskloop.executor import _stub_workflow
+def _run_error(error: ErrorRecord | None) -> ErrorInfo | None:
+    if error is None:
+        return None
+    return ErrorInfo(key="", type=error.type, message=error.message, details=error.details)
 
-    return _stub_workflow(snap)
 
-
-def _errors(tasks: dict[str, TaskRecord]) -> list[ErrorInfo]:
+def _errors(tasks: dict[str, TaskRecord], run_error: ErrorRecord | None) -> list[ErrorInfo]:
     failed = [r for r in tasks.values() if r.status is TaskStatus.FAILED and r.error is not None]
     failed.sort(key=lambda r: r.finished_at or 0.0)
-    return [ErrorInfo(key=r.key, type=r.error.type, message=r.error.message, details=r.error.details)
-            for r in failed if r.error is not None]
+    found = [ErrorInfo(key=r.key, type=r.error.type, message=r.error.message, details=r.error.details)
+             for r in failed if r.error is not None]
+    run = _run_error(run_error)
+    return [run, *found] if run is not None else found
 
 
-def _task_view(record: TaskRecord, data: dict[str, str]) -> TaskView:
+def _task_view(record: TaskRecord, data: dict[str, str | None], execs: list[ExecView]) -> TaskView:
     rounds: list[RoundView] = []
-    if record.kind == "loop":
+    if record.kind is TaskKind.LOOP:
         for n in range(1, record.round + 1):
             output_raw = data.get(k.candidate_field(record.key, n))
             check_raw = data.get(k.check_field(record.key, n))
@@ -480,6 +500,7 @@ def _task_view(record: TaskRecord, data: dict[str, str]) -> TaskView:
                 round=n, phase=phase,
                 output=json.loads(output_raw) if output_raw is not None else None,
                 check=json.loads(check_raw) if check_raw is not None else None,
+                execs=[e for e in execs if e.round == n],
             ))
     value_raw = data.get(k.value_field(record.key))
     error = None
@@ -487,10 +508,11 @@ def _task_view(record: TaskRecord, data: dict[str, str]) -> TaskView:
         error = ErrorInfo(key=record.key, type=record.error.type, message=record.error.message,
                           details=record.error.details)
     return TaskView(
-        key=record.key, kind=record.kind, status=record.status.value,
+        key=record.key, kind=record.kind.value, status=record.status.value,
         phase=record.phase.value if record.phase else None, round=record.round,
         attempts=record.attempts, value=json.loads(value_raw) if value_raw is not None else None,
         error=error, cache_hit=record.cache_hit, worker=record.worker,
-        started_at=record.started_at, finished_at=record.finished_at, rounds=rounds,
+        started_at=record.started_at, finished_at=record.finished_at, reason=record.reason, rounds=rounds,
+        execs=[] if record.kind is TaskKind.LOOP else execs,
     )
 

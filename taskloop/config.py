@@ -81,6 +81,8 @@ class Settings:
     timeout_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_TIMEOUT_GRACE_S", 2.0))
     # How often the reconciler runs (beat schedule, and the thread in every worker); 0 = never.
     reconcile_interval_s: float = field(default_factory=lambda: _float("TASKLOOP_RECONCILE_INTERVAL_S", 5.0))
+    # Events kept per run (XADD MAXLEN ~): older ones are trimmed.
+    events_maxlen: int = field(default_factory=lambda: _int("TASKLOOP_EVENTS_MAXLEN", 100_000))
     # How long RunHandle.wait() rides out a Redis outage before it fails with StoreUnavailable.
     wait_outage_s: float = field(default_factory=lambda: _float("TASKLOOP_WAIT_OUTAGE_S", 30.0))
     # How long a callback may ignore a cancel or stop signal before its process is stopped.

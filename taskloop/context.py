@@ -46,6 +46,9 @@ class Signal:
                 self._event.set()
 
 
+_UNREAD: Any = object()
+
+
 class UsageSink(Protocol):
     def report(self, counts: dict[str, int]) -> None: ...
 
@@ -71,7 +74,7 @@ class TaskContext:
         run_id: str,
         workflow: str,
         key: str,
-        input: Any,
+        load_input: Callable[[], Any],
         attempt: int,
         signal: Signal,
         idempotency_key: str,
@@ -82,7 +85,8 @@ class TaskContext:
         self.run_id = run_id
         self.workflow = workflow
         self.key = key
-        self.input = input
+        self._load_input = load_input
+        self._input: Any = _UNREAD
         self.attempt = attempt
         self.signal = signal
         self.idempotency_key = idempotency_key
@@ -92,6 +96,13 @@ class TaskContext:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.workflow}/{self.key} run={self.run_id} attempt={self.attempt}>"
+
+    @property
+    def input(self) -> Any:
+        """The run input (JSON), read from Redis the first time a callback asks for it."""
+        if self._input is _UNREAD:
+            self._input = self._load_input()
+        return self._input
 
     def value(self, task: Task | str) -> Any:
         """The value of a task listed in this task's ``after``."""

@@ -12,21 +12,15 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from taskloop.errors import DefinitionError, WorkflowNotRegistered
 from taskloop.jsonvalue import canonical
 from taskloop.options import Budget, Cache, Retry, check_timeout_ms, is_safe_int
+from taskloop.phases import TaskKind
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 GATE_KINDS = ("approval", "pause", "input")
-
-
-class TaskKind(str, Enum):
-    TASK = "task"
-    LOOP = "loop"
-    GATE = "gate"
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,8 +245,17 @@ class Workflow:
     observers: tuple[Callable[..., Any], ...] = ()
     by_key: dict[str, Task] = field(default_factory=dict, repr=False)
     dependents: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
-    order: tuple[str, ...] = field(default=(), repr=False)
+    order: tuple[str, ...] = field(default=(), repr=False)  # dependencies before dependents
     fingerprint: str = field(default="", repr=False)
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """Tasks with no dependencies: the ones a new run activates."""
+        return tuple(key for key in self.order if not self.by_key[key].after)
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        return tuple(key for key in self.order if self.by_key[key].is_gate)
 
     def __repr__(self) -> str:
         return f"<workflow {self.name} v{self.version}: {', '.join(self.order)}>"
@@ -292,15 +295,24 @@ class Workflow:
 
 
 def _topological_order(name: str, tasks: dict[str, Task]) -> tuple[str, ...]:
-    """Depth-first topological sort that reports the first cycle it finds, by name."""
+    """Depth-first topological sort (iterative: a chain of any length is fine) that reports the
+    first cycle it finds, by name."""
     order: list[str] = []
     state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
-    path: list[str] = []
-
-    def visit(key: str) -> None:
-        state[key] = 1
-        path.append(key)
-        for dep in tasks[key].after:
+    for root in tasks:
+        if root in state:
+            continue
+        state[root] = 1
+        path = [root]
+        stack = [iter(tasks[root].after)]
+        while stack:
+            dep = next(stack[-1], None)
+            if dep is None:
+                stack.pop()
+                done = path.pop()
+                state[done] = 2
+                order.append(done)
+                continue
             if state.get(dep) == 1:
                 cycle = [*path[path.index(dep):], dep]
                 raise DefinitionError(
@@ -308,14 +320,9 @@ def _topological_order(name: str, tasks: dict[str, Task]) -> tuple[str, ...]:
                     "remove one of these after= links"
                 )
             if dep not in state:
-                visit(dep)
-        path.pop()
-        state[key] = 2
-        order.append(key)
-
-    for key in tasks:
-        if key not in state:
-            visit(key)
+                state[dep] = 1
+                path.append(dep)
+                stack.append(iter(tasks[dep].after))
     return tuple(order)
 
 
@@ -363,7 +370,10 @@ def define_workflow(
     for observer in observer_list:
         _check_callable(observer, f"workflow {name}: observers must be callables (event) -> None")
     order = _topological_order(name, by_key)
-    dependents = {key: tuple(k for k in order if key in by_key[k].after) for key in order}
+    dependents: dict[str, list[str]] = {key: [] for key in order}
+    for key in order:
+        for dep in by_key[key].after:
+            dependents[dep].append(key)
     workflow = Workflow(
         name=name,
         version=version,
@@ -373,7 +383,7 @@ def define_workflow(
         delete_on_success=delete_on_success,
         observers=observer_list,
         by_key=by_key,
-        dependents=dependents,
+        dependents={key: tuple(found) for key, found in dependents.items()},
         order=order,
     )
     fingerprint = hashlib.sha256(canonical(workflow.describe()).encode()).hexdigest()[:32]
@@ -415,6 +425,13 @@ class Registry:
             f"in this process ({where}); import the module that defines it (taskloop worker --import "
             "MODULE, or TASKLOOP_IMPORTS=MODULE)"
         )
+
+    def has(self, name: str, version: str | None = None) -> bool:
+        """Whether ``get(name, version)`` would find exactly one workflow."""
+        with self._lock:
+            if version is not None:
+                return (name, version) in self._workflows
+            return sum(1 for (n, _) in self._workflows if n == name) == 1
 
     def names(self) -> list[tuple[str, str]]:
         with self._lock:

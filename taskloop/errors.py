@@ -49,16 +49,31 @@ class InvalidCheckResult(TaskLoopError, ValueError):
 class RunNotFound(TaskLoopError, LookupError):
     """No run with this id exists (never started, or expired after its retention period)."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, message: str | None = None) -> None:
         self.run_id = run_id
-        super().__init__(
+        super().__init__(message or (
             f"run {run_id!r} not found: check the id with `taskloop runs`; finished runs expire "
             "after their retention period (TASKLOOP_RETENTION_S, default 7 days)"
-        )
+        ))
 
 
 class RunExists(TaskLoopError):
-    """`start` was given a run id that already belongs to a different workflow."""
+    """`start` was given a run id that already belongs to another run (another workflow, or the
+    same workflow with another input)."""
+
+
+class CommitConflict(TaskLoopError):
+    """A guarded write kept conflicting with concurrent writers and was given up (the caller may
+    try again later; nothing was written). ``conflict`` says which guard failed last."""
+
+    def __init__(self, message: str, conflict: Any = None) -> None:
+        super().__init__(message)
+        self.conflict = conflict
+
+
+class GateRefused(TaskLoopError, ValueError):
+    """``client.decide`` was refused at run time: not a gate, not waiting, actor not allowed, or an
+    action the gate does not take."""
 
 
 class StoreUnavailable(TaskLoopError, ConnectionError):
@@ -118,9 +133,13 @@ class LoopTaskExhausted(TaskFailed):
     def __init__(self, key: str, max_rounds: int, feedback: str | None) -> None:
         self.max_rounds = max_rounds
         self.feedback = feedback
-        message = f"Loop task {key} exhausted its {max_rounds} rounds"
-        super().__init__(key, "LoopTaskExhausted", message)
+        message = self.message_for(key, max_rounds)
+        super().__init__(key, type(self).__name__, message)
         self.args = (message,)
+
+    @staticmethod
+    def message_for(key: str, max_rounds: int) -> str:
+        return f"Loop task {key} exhausted its {max_rounds} rounds"
 
     def __str__(self) -> str:
         return self.message
@@ -134,17 +153,32 @@ class WorkflowBudgetExceeded(TaskFailed):
     """The workflow's Budget was spent before the next round or attempt could be admitted."""
 
 
+class PhaseAbandoned(TaskFailed):
+    """Every execution of a phase was lost (its worker died, hung or lost its lease) until the
+    redelivery cap (TASKLOOP_MAX_EXECUTIONS) was reached."""
+
+
+class InvalidCacheKey(TaskFailed):
+    """A task's ``Cache.key(ctx)`` returned something that is not lossless JSON."""
+
+
+class OutputTooLarge(TaskFailed):
+    """A callback produced a value larger than the configured cap (see docs/security.md)."""
+
+
 class RunRejected(TaskLoopError):
     """A gate of the run was rejected."""
+
+
+# Recorded error types that come back as their own class (the rest as TaskFailed).
+_TYPED: dict[str, type[TaskFailed]] = {
+    cls.__name__: cls for cls in (TaskTimeout, WorkflowBudgetExceeded, PhaseAbandoned, InvalidCacheKey, OutputTooLarge)
+}
 
 
 def error_from_info(key: str, type: str, message: str, details: dict[str, Any] | None) -> TaskFailed:
     """Rebuild the typed exception for a recorded task error (used by `raise_for_status`)."""
     details = details or {}
-    if type == "LoopTaskExhausted":
+    if type == LoopTaskExhausted.__name__:
         return LoopTaskExhausted(key, int(details.get("max_rounds", 0)), details.get("feedback"))
-    if type == "TaskTimeout":
-        return TaskTimeout(key, type, message)
-    if type == "WorkflowBudgetExceeded":
-        return WorkflowBudgetExceeded(key, type, message)
-    return TaskFailed(key, type, message, details.get("traceback"))
+    return _TYPED.get(type, TaskFailed)(key, type, message, details.get("traceback"))

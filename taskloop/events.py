@@ -3,20 +3,24 @@
 Every committed transition appends its events in the same atomic write, so the history and
 the records can never disagree. Event types:
 
-``run.started``, ``run.finished``, ``run.resumed``
-    run-level (``data``: status, termination; the tasks a resume replays)
+``run.pending``, ``run.started``, ``run.cancel``, ``run.finished``, ``run.resumed``
+    run-level (``data``: the workflow a run by name asks for; status, termination; the cancel's
+    reason; the tasks a resume replays)
 ``phase``
     a loop task entered (round, phase): ``attempt``, ``check`` or ``complete``; a plain task
     entered ``run`` for a try. Each (task, round, phase) appears exactly once.
-``exec``
-    a worker began executing a phase (``attempt`` = the task's attempt count after it;
-    ``data``: worker, replay). A replay after a crash shows up as a second ``exec``.
+``lost``
+    an execution of the phase was lost (its worker died, hung or lost its lease); the phase is
+    queued again as a replay (``data.exec`` says which execution)
 ``task``
-    a task changed status (``data``: status, and error type/message when it failed)
+    a task changed status (``data``: status, error type/message when it failed, reason when it
+    was skipped or cancelled)
+
+The first event a phase's outcome writes carries ``data.exec``: the worker that ran it, when it
+began, how long it took and how many executions it needed; a lost execution carries
+``data.exec.lost``.
 ``cache``
     cache lookups (``phase``: ``hit``, ``miss``, ``stored``, ``failed``)
-``stale``
-    a delivery carried an out-of-date fencing token and was refused (``data``: reason)
 ``observer.error``
     a workflow observer raised (``data``: observer, error)
 """
@@ -32,14 +36,15 @@ from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger("taskloop.events")
 
+RUN_PENDING = "run.pending"
 RUN_STARTED = "run.started"
+RUN_CANCEL = "run.cancel"
 RUN_FINISHED = "run.finished"
 RUN_RESUMED = "run.resumed"
 PHASE = "phase"
-EXEC = "exec"
 TASK = "task"
+LOST = "lost"
 CACHE = "cache"
-STALE = "stale"
 OBSERVER_ERROR = "observer.error"
 
 # Stream field names (short, they are stored once per event).

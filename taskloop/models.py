@@ -6,7 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from taskloop.errors import RunRejected, error_from_info
+from taskloop.errors import (
+    IncompatibleDefinition,
+    RunRejected,
+    TaskLoopError,
+    WorkflowNotRegistered,
+    error_from_info,
+)
+from taskloop.events import PHASE, Event
 
 
 class ErrorInfo(BaseModel):
@@ -19,6 +26,21 @@ class ErrorInfo(BaseModel):
     details: dict[str, Any] | None = None
 
 
+class ExecView(BaseModel):
+    """One execution of a phase: where it ran and how long it took (``lost``: its worker died or
+    lost its lease, and the phase was replayed)."""
+
+    model_config = ConfigDict(frozen=True)
+    round: int
+    phase: str
+    attempt: int | None = None  # the task's attempt count once this execution began
+    worker: str | None = None
+    began_at: float | None = None
+    took_s: float | None = None
+    replay: bool = False  # not the phase's first execution
+    lost: bool = False
+
+
 class RoundView(BaseModel):
     """One round of a loop task: the candidate (output) and what check said about it."""
 
@@ -27,6 +49,7 @@ class RoundView(BaseModel):
     phase: str  # "attempt" | "check" | "complete"
     output: Any = None
     check: dict[str, Any] | None = None
+    execs: list[ExecView] = Field(default_factory=list)
 
 
 class TaskView(BaseModel):
@@ -43,7 +66,9 @@ class TaskView(BaseModel):
     worker: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    reason: str | None = None  # why it was skipped or cancelled
     rounds: list[RoundView] = Field(default_factory=list)
+    execs: list[ExecView] = Field(default_factory=list)  # a plain task's tries
 
 
 class RunView(BaseModel):
@@ -62,6 +87,8 @@ class RunView(BaseModel):
     usage: dict[str, Any]
     tasks: dict[str, TaskView]
     stats: dict[str, int] = Field(default_factory=dict)
+    error: ErrorInfo | None = None  # a run that failed before any task ran (e.g. unknown workflow)
+    control: str | None = None  # "cancel:<reason>" or "stop:<reason>" once the run may not progress
 
 
 class RunSummary(BaseModel):
@@ -75,6 +102,11 @@ class RunSummary(BaseModel):
     termination_code: str | None = None
     created_at: float
     finished_at: float | None = None
+
+
+_RUN_ERRORS: dict[str, type[TaskLoopError]] = {
+    cls.__name__: cls for cls in (WorkflowNotRegistered, IncompatibleDefinition)
+}
 
 
 class RunResult(BaseModel):
@@ -99,9 +131,31 @@ class RunResult(BaseModel):
         A cancelled run does not raise: cancellation is a normal ending."""
         if self.status == "failed" and self.errors:
             first = self.errors[0]
+            if not first.key:  # the run itself failed (before any task ran)
+                raise _RUN_ERRORS.get(first.type, TaskLoopError)(first.message)
             raise error_from_info(first.key, first.type, first.message, first.details)
         if self.status == "failed":
             raise error_from_info("?", "RunFailed", f"run {self.run_id} failed", None)
         if self.status == "rejected":
             raise RunRejected(f"run {self.run_id} was rejected at a gate")
         return self
+
+
+def executions(events: list[Event]) -> dict[str, list[ExecView]]:
+    """Every phase execution of a run, by task, from the ``data.exec`` of the events its outcome
+    wrote (see events.py), in order."""
+    found: dict[str, list[ExecView]] = {}
+    phases: dict[str, tuple[int, str]] = {}  # the phase each task is in, as the events tell it
+    for event in events:
+        if event.key is None:
+            continue
+        info = (event.data or {}).get("exec")
+        if info:
+            round_, phase = phases.get(event.key, (event.round or 0, event.phase or "run"))
+            found.setdefault(event.key, []).append(ExecView(
+                round=round_, phase=phase, attempt=info.get("attempt"), worker=info.get("worker"),
+                began_at=info.get("began"), took_s=info.get("took"), replay=int(info.get("execs") or 1) > 1,
+                lost=bool(info.get("lost"))))
+        if event.type == PHASE and event.round is not None and event.phase not in (None, "complete"):
+            phases[event.key] = (event.round, event.phase or "run")
+    return found

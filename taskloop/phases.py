@@ -13,6 +13,11 @@ whether its Celery message is queued or running::
                                           --REJECT--> QUEUED_ATTEMPT (round + 1) | FAILED (exhausted)
     WAITING --ACTIVATE--> QUEUED_RUN --BEGIN--> RUNNING_RUN --SUCCEED--> DONE | --RETRY--> QUEUED_RUN
     WAITING --ACTIVATE--> PAUSED (gate) --APPROVE--> DONE | --DENY--> REJECTED
+
+A waiting task counts the dependencies it still waits for (``waiting_on``); DEP_DONE lowers it,
+and ACTIVATE is legal only once it is zero. The two time rules of a phase are here too: when a
+round runs out (``TaskRecord.overdue``) and how long a running phase's lease lasts
+(``lease_until``); begin.lua repeats the second by name.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from taskloop.errors import IllegalTransition
+from taskloop.errors import IllegalTransition, LoopTaskExhausted, WorkflowBudgetExceeded
+
+
+class TaskKind(str, Enum):
+    TASK = "task"
+    LOOP = "loop"
+    GATE = "gate"
 
 
 class TaskStatus(str, Enum):
@@ -60,6 +71,7 @@ class Slot(str, Enum):
 
 
 class RunStatus(str, Enum):
+    PENDING = "pending"  # started by name, not planned by a worker yet
     RUNNING = "running"
     WAITING = "waiting"
     DONE = "done"
@@ -122,7 +134,7 @@ class TaskRecord(BaseModel):
     model_config = ConfigDict(frozen=True, use_enum_values=False)
 
     key: str
-    kind: str  # "task" | "loop" | "gate"
+    kind: TaskKind
     limit: int = 1  # loop: max_rounds; plain task: tries allowed by its retry policy
     status: TaskStatus = TaskStatus.WAITING
     phase: Phase | None = None
@@ -134,7 +146,9 @@ class TaskRecord(BaseModel):
     lost: int = 0  # executions of the current phase lost to a dead worker or an expired lease
     deadline: float | None = None  # epoch seconds; set when the round (or try) starts
     not_before: float | None = None  # retry backoff: the message is due at this time
+    waiting_on: int = 0  # dependencies that are not done yet (WAITING only)
     worker: str | None = None
+    began_at: float | None = None  # when the current execution began
     cache_hit: bool = False
     prepared: bool = False  # condition (and cache) consulted for this activation
     started_at: float | None = None
@@ -153,6 +167,10 @@ class TaskRecord(BaseModel):
     def terminal(self) -> bool:
         return self.status in TERMINAL_TASK
 
+    def overdue(self, now: float) -> bool:
+        """The deadline rule: the round (or try) has run out of time."""
+        return self.deadline is not None and now >= self.deadline
+
     def dump(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
 
@@ -161,7 +179,18 @@ class TaskRecord(BaseModel):
         return cls.model_validate_json(raw)
 
 
+def lease_until(now: float, deadline: float | None, running_lease_s: float, grace_s: float) -> float:
+    """The lease rule: a running phase is reclaimed ``running_lease_s`` after its last renewal,
+    and never before its hard limit (deadline + grace) has passed by a second.
+    (begin.lua evaluates the same rule under the same name.)"""
+    until = now + running_lease_s
+    if deadline is not None:
+        until = max(until, deadline + grace_s + 1.0)
+    return until
+
+
 class EventKind(str, Enum):
+    DEP_DONE = "dep_done"  # one more dependency finished done
     ACTIVATE = "activate"  # dependencies done: queue round 1 (or pause a gate)
     SKIP = "skip"  # condition false, or a dependency did not finish done
     BEGIN = "begin"  # a worker starts executing the queued phase
@@ -190,6 +219,7 @@ class PhaseEvent:
     cache_hit: bool = False
     not_before: float | None = None
     reason: str | None = None
+    waiting_on: int = 0  # RESUME back to waiting: the dependencies not done
 
 
 S = State
@@ -198,6 +228,7 @@ E = EventKind
 # The transition table: (state, event) -> the states the event may lead to. Any pair that is
 # not listed is illegal. Terminal states accept nothing except FAILED + RESUME.
 TABLE: dict[tuple[State, EventKind], frozenset[State]] = {
+    (S.WAITING, E.DEP_DONE): frozenset({S.WAITING}),
     (S.WAITING, E.ACTIVATE): frozenset({S.QUEUED_ATTEMPT, S.QUEUED_RUN, S.PAUSED}),
     (S.WAITING, E.SKIP): frozenset({S.SKIPPED}),
     (S.WAITING, E.CANCEL): frozenset({S.CANCELLED}),
@@ -236,22 +267,30 @@ del _queued, _running
 
 def exhausted_error(key: str, max_rounds: int, feedback: str | None) -> ErrorRecord:
     return ErrorRecord(
-        type="LoopTaskExhausted",
-        message=f"Loop task {key} exhausted its {max_rounds} rounds",
+        type=LoopTaskExhausted.__name__,
+        message=LoopTaskExhausted.message_for(key, max_rounds),
         details={"max_rounds": max_rounds, "feedback": feedback},
     )
 
 
-def _queue(r: TaskRecord, phase: Phase, round: int, **extra: Any) -> dict[str, Any]:
+def _queue(phase: Phase, round: int, **extra: Any) -> dict[str, Any]:
     return {"status": TaskStatus.ACTIVE, "phase": phase, "slot": Slot.QUEUED, "round": round,
-            "execs": 0, "lost": 0, "worker": None, **extra}
+            "execs": 0, "lost": 0, "worker": None, "began_at": None, **extra}
+
+
+def _dep_done(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    if r.waiting_on < 1:
+        raise IllegalTransition(f"task {r.key} waits for no dependency")
+    return {"waiting_on": r.waiting_on - 1}
 
 
 def _activate(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
-    if r.kind == "gate":
+    if r.waiting_on:
+        raise IllegalTransition(f"task {r.key} still waits for {r.waiting_on} dependencies")
+    if r.kind is TaskKind.GATE:
         return {"status": TaskStatus.PAUSED, "started_at": e.at}
-    phase = Phase.ATTEMPT if r.kind == "loop" else Phase.RUN
-    return _queue(r, phase, 1, started_at=e.at)
+    phase = Phase.ATTEMPT if r.kind is TaskKind.LOOP else Phase.RUN
+    return _queue(phase, 1, started_at=e.at)
 
 
 def _begin(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
@@ -262,7 +301,7 @@ def _begin(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     if deadline is None and e.timeout_ms is not None:
         deadline = e.at + e.timeout_ms / 1000.0
     return {"slot": Slot.RUNNING, "execs": r.execs + 1, "attempts": r.attempts + int(consumes),
-            "worker": e.worker, "deadline": deadline, "not_before": None, "prepared": True}
+            "worker": e.worker, "began_at": e.at, "deadline": deadline, "not_before": None, "prepared": True}
 
 
 def _finish(status: TaskStatus, phase: Phase | None = None) -> Callable[[TaskRecord, PhaseEvent], dict[str, Any]]:
@@ -285,7 +324,7 @@ def _succeed(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
             f"task {r.key}: a cache hit (and only a cache hit) finishes a queued phase, and only before "
             "its first execution"
         )
-    changes = _finish(TaskStatus.DONE, Phase.COMPLETE if r.kind == "loop" else None)(r, e)
+    changes = _finish(TaskStatus.DONE, Phase.COMPLETE if r.kind is TaskKind.LOOP else None)(r, e)
     if e.cache_hit:
         changes.update(cache_hit=True, round=0, attempts=0, phase=None, started_at=e.at)
     return changes
@@ -302,15 +341,15 @@ def _reject(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
         error = exhausted_error(r.key, r.limit, e.feedback)
         return {"status": TaskStatus.FAILED, "phase": Phase.COMPLETE, "slot": None,
                 "finished_at": e.at, "error": error}
-    return _queue(r, Phase.ATTEMPT, r.round + 1, deadline=None)
+    return _queue(Phase.ATTEMPT, r.round + 1, deadline=None)
 
 
-UNRESUMABLE_ERRORS = frozenset({"LoopTaskExhausted", "WorkflowBudgetExceeded"})
+UNRESUMABLE_ERRORS = frozenset({LoopTaskExhausted.__name__, WorkflowBudgetExceeded.__name__})
 
 
 def _resume(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     """Replay the interrupted phase (keeping its round and execution count), or wait again."""
-    if r.error is not None and r.error.type == "LoopTaskExhausted":
+    if r.error is not None and r.error.type == LoopTaskExhausted.__name__:
         raise IllegalTransition(f"task {r.key} exhausted its {r.limit} rounds; an exhausted loop stays exhausted")
     if r.error is not None and r.error.type in UNRESUMABLE_ERRORS:
         raise IllegalTransition(f"task {r.key} failed with {r.error.type}, which a resume cannot undo")
@@ -318,25 +357,27 @@ def _resume(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
         raise IllegalTransition(f"task {r.key} was skipped by its condition; that is its outcome")
     reset = {"error": None, "finished_at": None, "reason": None, "prepared": False, "deadline": None}
     if r.status is TaskStatus.SKIPPED or (r.status is TaskStatus.CANCELLED and r.phase is None):
-        return {"status": TaskStatus.WAITING, "slot": None, **reset}
+        # e.waiting_on: how many of its dependencies are not done (the resume counts them)
+        return {"status": TaskStatus.WAITING, "slot": None, "waiting_on": e.waiting_on, **reset}
     if r.phase not in (Phase.ATTEMPT, Phase.CHECK, Phase.RUN):
         raise IllegalTransition(f"task {r.key} has no interrupted phase to resume (phase {r.phase})")
     # execs is kept: the replayed phase consumes one attempt when it begins.
-    return {**_queue(r, r.phase, r.round, **reset), "execs": r.execs}
+    return {**_queue(r.phase, r.round, **reset), "execs": r.execs}
 
 
 _APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
+    E.DEP_DONE: _dep_done,
     E.ACTIVATE: _activate,
     E.SKIP: _skip,
     E.BEGIN: _begin,
-    E.CANDIDATE: lambda r, e: _queue(r, Phase.CHECK, r.round, deadline=r.deadline),
+    E.CANDIDATE: lambda r, e: _queue(Phase.CHECK, r.round, deadline=r.deadline),
     E.ACCEPT: _finish(TaskStatus.DONE, Phase.COMPLETE),
     E.REJECT: _reject,
     E.SUCCEED: _succeed,
     E.FAIL: _finish(TaskStatus.FAILED),
-    E.RETRY: lambda r, e: _queue(r, Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before),
+    E.RETRY: lambda r, e: _queue(Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before),
     E.CANCEL: _finish(TaskStatus.CANCELLED),
-    E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "lost": r.lost + 1},
+    E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "began_at": None, "lost": r.lost + 1},
     E.REDISPATCH: lambda r, e: {},
     E.APPROVE: _finish(TaskStatus.DONE),
     E.DENY: _finish(TaskStatus.REJECTED),

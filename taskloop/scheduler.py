@@ -1,20 +1,31 @@
-"""The scheduler: from a snapshot and an outcome, decide every record write, event and dispatch.
+"""The scheduler: from what a decision read of a run and an outcome, every record write, event,
+lease and dispatch — as one guarded write.
 
-Pure: `Planner` reads a `Snapshot`, moves task records through `phases.advance`, and settles
-the run (activate what is ready, skip what can no longer run, stop on error, finish the run).
-`Planner.batch()` turns the plan into one guarded write: it guards every record the decision
-read, so a concurrent change anywhere it looked makes the write fail and the caller re-plans.
+`Planner` reads records through a `Snapshot` (only the fields it needs), moves them through
+`phases.advance`, and settles the graph by following the workflow's edges from the tasks that
+changed: a finished task lowers its dependents' ``waiting_on`` and activates those that reach
+zero; a task that ended otherwise skips its dependents, and so on down. Counters in the run hash
+(tasks not terminal, active, paused) make the run's end an O(1) check: the write carries the
+finishing writes, which ``cas.lua`` applies when the open-task counter reaches zero.
+
+`Planner.batch()` guards exactly what the decision read — the records it looked at, the run's
+control flag, and (when it may end the run) the fields that decide the final status — so a
+concurrent change anywhere it looked makes the write fail and the caller plans again.
+
+Intent methods: `start_run`, `outcome`, `admit`, `resume`, `decide`, `stop`, `cancel_gates`.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from taskloop import events as ev
 from taskloop.config import Settings
-from taskloop.definitions import Workflow
+from taskloop.definitions import Task, Workflow
+from taskloop.errors import CorruptRecord, LoopTaskExhausted, TaskTimeout, WorkflowBudgetExceeded
 from taskloop.events import Event
 from taskloop.phases import (
     QUEUED_STATES,
@@ -26,21 +37,27 @@ from taskloop.phases import (
     PhaseEvent,
     RunStatus,
     State,
+    TaskKind,
     TaskRecord,
     TaskStatus,
     Termination,
     advance,
+    lease_until,
 )
 from taskloop.store import keys as k
-from taskloop.store.batch import Batch
-from taskloop.store.redis_store import Snapshot
+from taskloop.store.batch import Batch, Writes
+from taskloop.store.meta import Snapshot
+
+# What decides the final status of a run besides its control flag (read and guarded together).
+OUTCOME_FIELDS = (k.F_TERMINATION, k.F_REJECTED, k.F_STATUS)
+TERMINAL_STATUSES = frozenset(s.value for s in TERMINAL_RUN)
 
 CANCEL_PREFIX = "cancel:"
 STOP_PREFIX = "stop:"
 
 _TERMINATION_OF_ERROR = {
-    "TaskTimeout": Termination.TIMEOUT,
-    "WorkflowBudgetExceeded": Termination.LIMIT,
+    TaskTimeout.__name__: Termination.TIMEOUT,
+    WorkflowBudgetExceeded.__name__: Termination.LIMIT,
 }
 
 
@@ -62,6 +79,20 @@ def control_reason(control: str | None) -> str | None:
     return control.removeprefix(CANCEL_PREFIX) or "cancelled"
 
 
+def final_status(control: str | None, termination: Termination | None,
+                 rejected: bool) -> tuple[RunStatus, Termination | None]:
+    """How a run whose tasks are all terminal ends: the one rule for its status and termination."""
+    if control is not None and control.startswith(CANCEL_PREFIX):
+        return RunStatus.CANCELLED, Termination.ABORTED
+    if rejected:
+        return RunStatus.REJECTED, Termination.REJECTED
+    if termination is not None:
+        return RunStatus.FAILED, termination
+    if control is not None:  # stopped without a failed task (cannot normally happen)
+        return RunStatus.FAILED, Termination.FAILED
+    return RunStatus.DONE, None
+
+
 @dataclass(frozen=True)
 class Dispatch:
     """A Celery message to send once the plan is committed."""
@@ -73,69 +104,85 @@ class Dispatch:
     countdown: float | None = None
 
 
-WORKER_SLOT = "@@worker@@"  # filled in by begin.lua with the executing worker's name
-NOW_SLOT = "@@now@@"  # filled in by begin.lua with the begin time
+@dataclass(frozen=True)
+class Cap:
+    """A budget admission check of a begin: run field + ``add`` must stay within ``limit``."""
+
+    field: str
+    limit: int
+    add: int
+    label: str
 
 
-def exec_event(record: TaskRecord, at: float, worker: str) -> Event:
-    """The event of a worker beginning to execute a phase (``record`` is the running record)."""
-    return Event(type=ev.EXEC, key=record.key, round=record.round, phase=_value(record.phase),
-                 attempt=record.attempts, at=at, data={"worker": worker, "replay": record.execs > 1})
-
-
-def budget_caps(workflow: Workflow, consumed: int) -> list[tuple[str, int, int, str]]:
-    """The admission checks of a begin: (run field, limit, amount added, label)."""
+def budget_caps(workflow: Workflow, consumed: int) -> list[Cap]:
     budget = workflow.budget
-    caps: list[tuple[str, int, int, str]] = []
+    caps: list[Cap] = []
     if budget is None:
         return caps
     if budget.attempts is not None and consumed:
-        caps.append(("u:attempts", budget.attempts, consumed, "budget:attempts"))
+        caps.append(Cap(k.usage_field("attempts"), budget.attempts, consumed, "budget:attempts"))
     if budget.input_tokens is not None:
-        caps.append(("u:input", budget.input_tokens, 1, "budget:input_tokens"))
+        caps.append(Cap(k.usage_field("input"), budget.input_tokens, 1, "budget:input_tokens"))
     if budget.output_tokens is not None:
-        caps.append(("u:output", budget.output_tokens, 1, "budget:output_tokens"))
+        caps.append(Cap(k.usage_field("output"), budget.output_tokens, 1, "budget:output_tokens"))
     return caps
 
 
-def prepared_begin(workflow: Workflow, record: TaskRecord, raw: str, run_id: str, settings: Settings) -> str | None:
+_FILLED_BY_BEGIN = frozenset({"worker", "began_at", "deadline"})
+
+
+def needs_preparation(task: Task, record: TaskRecord) -> bool:
+    """Before the first execution of an activation, the worker evaluates the condition and the cache."""
+    return not record.prepared and (task.condition is not None or task.cache is not None)
+
+
+def prepared_begin(workflow: Workflow, record: TaskRecord, raw: str, settings: Settings) -> str | None:
     """What beginning this queued phase will write, for begin.lua (None: the worker decides).
 
-    The running record comes from the state machine; begin.lua only fills in the worker's name
-    and the time. A phase that must first evaluate its condition or cache gets none."""
+    The running record comes from the state machine; begin.lua fills in only the worker's name,
+    the begin time and (for a new round with a timeout) the deadline, then takes the lease."""
     task = workflow.by_key.get(record.key)
-    if task is None or (not record.prepared and (task.condition is not None or task.cache is not None)):
+    if task is None or needs_preparation(task, record):
         return None
-    begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker=WORKER_SLOT))
+    begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker="-"))
     consumed = begun.attempts - record.attempts
-    fields = exec_event(begun, 0.0, WORKER_SLOT).to_fields()
-    fields[fields.index("at") + 1] = NOW_SLOT
+    template = begun.model_dump_json(exclude_defaults=True, exclude=set(_FILLED_BY_BEGIN))
     return json.dumps({
-        "token": record.token, "round": record.round, "phase": _value(record.phase),
-        "expect": raw, "record": begun.dump(), "consume": consumed,
-        "caps": [[field, limit, add] for field, limit, add, _ in budget_caps(workflow, consumed)],
-        "event": fields, "member": k.lease_member(run_id, record.key),
-        "timeout_ms": task.timeout_ms, "deadline": record.deadline, "grace": settings.timeout_grace_s,
+        "tok": record.token, "rnd": record.round, "ph": _value(record.phase), "exp": raw,
+        "rec": template[:-1], "cons": consumed,
+        "caps": [[cap.field, cap.limit, cap.add] for cap in budget_caps(workflow, consumed)],
+        "dl": record.deadline, "tmo": task.timeout_ms / 1000.0 if task.timeout_ms and record.deadline is None else None,
+        "lease": settings.running_lease_s, "grace": settings.timeout_grace_s,
+        "rd": outcome_fields(workflow, record),
     }, separators=(",", ":"), ensure_ascii=False)
 
 
-def initial_records(workflow: Workflow) -> dict[str, TaskRecord]:
-    """The records of a new run: every task waiting."""
-    records = {}
-    for key in workflow.order:
-        task = workflow.by_key[key]
-        if task.is_loop:
-            limit = task.max_rounds or 1
-        elif task.retry is not None:
-            limit = task.retry.attempts
-        else:
-            limit = 1
-        records[key] = TaskRecord(key=key, kind=task.kind.value, limit=limit)
-    return records
+PREFETCH_DEPENDENTS = 64  # beyond this many, an outcome reads its dependents when it needs them
+
+
+def outcome_fields(workflow: Workflow, record: TaskRecord) -> list[str]:
+    """What the outcome of a phase that may end its task will read: the dependents' records and
+    the fields of the run's final status (begin.lua returns them with the begin)."""
+    if record.phase is Phase.ATTEMPT:
+        return []
+    dependents = workflow.dependents.get(record.key, ())
+    fields = [k.task_field(d) for d in dependents] if len(dependents) <= PREFETCH_DEPENDENTS else []
+    return [*fields, *OUTCOME_FIELDS]
+
+
+def initial_record(task: Task) -> TaskRecord:
+    """The record of a task in a new run: waiting for its dependencies."""
+    if task.kind is TaskKind.LOOP:
+        limit = task.max_rounds or 1
+    elif task.retry is not None:
+        limit = task.retry.attempts
+    else:
+        limit = 1
+    return TaskRecord(key=task.key, kind=task.kind, limit=limit, waiting_on=len(task.after))
 
 
 class Planner:
-    """Accumulates the transitions of one decision over a snapshot of a run."""
+    """Accumulates the transitions of one decision over what it read of a run."""
 
     def __init__(self, workflow: Workflow, snapshot: Snapshot, now: float, settings: Settings) -> None:
         self.workflow = workflow
@@ -143,60 +190,91 @@ class Planner:
         self.run_id = snapshot.run_id
         self.now = now
         self.settings = settings
-        self.tasks: dict[str, TaskRecord] = snapshot.tasks()
+        self.new_run = False
+        self.tasks: dict[str, TaskRecord] = {}  # every record read or changed
         self.changed: dict[str, TaskRecord] = {}
         self.events: list[Event] = []
+        self.final_events: list[Event] = []  # written only if this plan ends the run
         self.dispatches: list[Dispatch] = []
         self.leases: dict[str, float | None] = {}
+        self.data: dict[str, str] = {}
         self.run_updates: dict[str, str] = {}
         self.run_deletes: list[str] = []
-        self.revive = False  # a resumed run: its keys lose their retention TTL
-        self.data: dict[str, str] = {}
         self.usage: dict[str, int] = {}
+        self.counters: Counter[str] = Counter()
+        self.caps: list[Cap] = []
+        self.revive = False
+        self.exec_info: dict[str, dict[str, Any]] = {}  # key -> what ran, added to its first event
         self.control: str | None = snapshot.control
-        self.term: str | None = snapshot.run.get("term")
-        self.status: str | None = snapshot.run.get("status")
-        self.guard_all = False
-        self.caps: list[tuple[str, int, int, str]] = []
+        self._ended: list[str] = []  # keys that became terminal in this plan, in order
+        self._settled = 0
+        self._term_read = False
+        self.term: Termination | None = None
+        self.rejected = False
+        self.over = False  # the run had ended before this plan (an aborted run's late phases)
+        self.aborting = False
 
-    @classmethod
-    def for_new_run(
-        cls, workflow: Workflow, run_id: str, now: float, settings: Settings
-    ) -> Planner:
-        """A planner over a run that does not exist yet: every task is written, none may exist."""
-        planner = cls(workflow, Snapshot(run_id, run={}, raw_tasks={}), now, settings)
-        planner.tasks = initial_records(workflow)
-        planner.changed = dict(planner.tasks)
-        return planner
+    # reading --------------------------------------------------------------------------------
+    def record(self, key: str) -> TaskRecord:
+        """The task's record as this plan sees it; reading it makes the write guard it."""
+        found = self.tasks.get(key)
+        if found is None:
+            found = self.snapshot.record(key)
+            if found is None:
+                raise CorruptRecord(self.run_id, key, "the run has no record of this task")
+            self.tasks[key] = found
+        return found
+
+    def _read_outcome_fields(self) -> None:
+        """The fields that decide the run's final status (guarded once read)."""
+        if not self._term_read:
+            self.snapshot.ensure(OUTCOME_FIELDS)
+            term = self.snapshot.fields.get(k.F_TERMINATION)
+            self.term = self.term or (Termination(term) if term else None)
+            self.rejected = self.rejected or bool(self.snapshot.fields.get(k.F_REJECTED))
+            self.over = self.snapshot.fields.get(k.F_STATUS) in TERMINAL_STATUSES
+            self._term_read = True
 
     # transitions ----------------------------------------------------------------------------
     def move(self, key: str, event: PhaseEvent) -> TaskRecord:
-        old = self.tasks[key]
+        old = self.record(key)
         new = advance(old, event)
         self.tasks[key] = new
         self.changed[key] = new
+        self._count(old, new)
         self._derive(old, new, event)
-        if new.terminal:
-            self.guard_all = True
+        if new.terminal and not old.terminal:
+            self._ended.append(key)
         return new
+
+    def _count(self, old: TaskRecord, new: TaskRecord) -> None:
+        self.counters[k.F_OPEN] += int(old.terminal) - int(new.terminal)
+        for status, field in ((TaskStatus.ACTIVE, k.F_ACTIVE), (TaskStatus.PAUSED, k.F_PAUSED)):
+            self.counters[field] += int(new.status is status) - int(old.status is status)
 
     def _derive(self, old: TaskRecord, new: TaskRecord, event: PhaseEvent) -> None:
         key = new.key
+        emitted: list[Event] = []
         if old.state is State.RUNNING_CHECK and event.kind in (EventKind.ACCEPT, EventKind.REJECT):
-            self.events.append(Event(type=ev.PHASE, key=key, round=old.round,
-                                     phase=Phase.COMPLETE.value, at=self.now))
+            emitted.append(Event(type=ev.PHASE, key=key, round=old.round, phase=Phase.COMPLETE.value, at=self.now))
+        if event.kind is EventKind.EXPIRE:
+            emitted.append(Event(type=ev.LOST, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         if new.status is TaskStatus.ACTIVE and (new.phase, new.round) != (old.phase, old.round):
-            assert new.phase is not None
-            self.events.append(Event(type=ev.PHASE, key=key, round=new.round,
-                                     phase=new.phase.value, at=self.now))
+            emitted.append(Event(type=ev.PHASE, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         if new.status is not old.status:
             data: dict[str, Any] = {"status": new.status.value}
             if new.error is not None and new.error is not old.error:
                 data.update(error=new.error.type, message=new.error.message)
+            if new.reason is not None and new.reason is not old.reason:
+                data["reason"] = new.reason
             if new.cache_hit:
                 data["cache_hit"] = True
-            self.events.append(Event(type=ev.TASK, key=key, round=new.round or None,
-                                     phase=_value(new.phase), at=self.now, data=data))
+            emitted.append(Event(type=ev.TASK, key=key, round=new.round or None,
+                                 phase=_value(new.phase), at=self.now, data=data))
+        if emitted and key in self.exec_info:
+            first = emitted[0]
+            emitted[0] = first.model_copy(update={"data": {**(first.data or {}), "exec": self.exec_info.pop(key)}})
+        self.events += emitted
         state = new.state
         if state in QUEUED_STATES:  # entering a queue (or re-entering it): send a message
             assert new.phase is not None
@@ -206,147 +284,252 @@ class Planner:
             self.dispatches.append(Dispatch(key, new.phase, new.round, new.token, countdown))
             self.leases[key] = self.now + (countdown or 0.0) + self.settings.queued_lease_s
         elif state in RUNNING_STATES:
-            self.leases[key] = self.now + self.running_lease(new)
-        elif state not in QUEUED_STATES:
+            self.leases[key] = self.running_lease(new)
+        elif old.state in QUEUED_STATES or old.state in RUNNING_STATES:
             self.leases[key] = None
 
     def running_lease(self, record: TaskRecord) -> float:
-        lease = self.settings.running_lease_s
-        if record.deadline is not None:
-            # A phase with a deadline is reclaimed soon after its hard limit, never before.
-            lease = max(lease, record.deadline - self.now + self.settings.timeout_grace_s + 1.0)
-        return lease
+        return lease_until(self.now, record.deadline, self.settings.running_lease_s, self.settings.timeout_grace_s)
 
-    # settling -------------------------------------------------------------------------------
+    # intents --------------------------------------------------------------------------------
+    @classmethod
+    def start_run(cls, workflow: Workflow, run_id: str, input_raw: str, digest: str, now: float,
+                  settings: Settings, pending: Snapshot | None = None) -> Planner:
+        """Plan a new run: every record written, the roots activated. With ``pending``, the run
+        was recorded by name and is planned now by a worker (its input and creation time stay)."""
+        snap = pending or Snapshot(run_id)
+        planner = cls(workflow, snap, now, settings)
+        planner.new_run = True
+        planner._term_read = True
+        for task in workflow.tasks:
+            planner.tasks[task.key] = planner.changed[task.key] = initial_record(task)
+        planner.counters[k.F_OPEN] = len(workflow.tasks)
+        planner.run_updates.update({
+            k.F_FORMAT: k.FORMAT, k.F_WORKFLOW: workflow.name, k.F_VERSION: workflow.version,
+            k.F_FINGERPRINT: workflow.fingerprint, k.F_STATUS: RunStatus.RUNNING.value,
+        })
+        if workflow.gates:
+            planner.run_updates[k.F_GATES] = json.dumps(list(workflow.gates))
+        if pending is None:
+            planner.run_updates.update({k.F_INPUT: input_raw, k.F_INPUT_DIGEST: digest, k.F_CREATED: repr(now)})
+        planner.events.append(Event(type=ev.RUN_STARTED, at=now,
+                                    data={"workflow": workflow.name, "version": workflow.version}))
+        for key in workflow.roots:
+            planner._activate(key)
+        planner.settle()
+        return planner
+
+    def outcome(self, key: str, event: PhaseEvent, data: dict[str, str] | None = None,
+                extra_events: list[Event] | None = None) -> TaskRecord:
+        """Record what a phase produced, and everything that follows from it."""
+        self.data.update(data or {})
+        self.events += extra_events or ()
+        new = self.move(key, event)
+        self.settle()
+        return new
+
+    def admit(self, key: str, worker: str, timeout_ms: int | None) -> TaskRecord:
+        """Begin a queued phase on the worker's own write (the path without a prepared begin):
+        one attempt consumed and admitted against the budget."""
+        old = self.record(key)
+        begun = self.move(key, PhaseEvent(EventKind.BEGIN, self.now, worker=worker, timeout_ms=timeout_ms))
+        consumed = begun.attempts - old.attempts
+        self.usage["attempts"] = self.usage.get("attempts", 0) + consumed
+        self.caps += budget_caps(self.workflow, consumed)
+        return begun
+
     def stop(self, reason: str) -> None:
-        """Stop the run: nothing new starts, queued phases are cancelled, running ones signalled."""
+        """Stop the run: nothing new starts; queued phases end cancelled when their messages come,
+        running ones see their signal, paused gates are cancelled here."""
         if self.control is None:
             self.control = STOP_PREFIX + reason
-            self.run_updates["ctl"] = self.control
+            self.run_updates[k.F_CONTROL] = self.control
+            self.cancel_gates()
 
+    def abort(self, error: ErrorRecord) -> None:
+        """End the run failed now, whatever its tasks: its definition is not available here, or it
+        cannot be planned. Phases still in flight end cancelled as their messages come."""
+        self._read_outcome_fields()
+        if self.over:
+            return
+        if self.control is None:
+            self.control = STOP_PREFIX + "failed"
+            self.run_updates[k.F_CONTROL] = self.control
+        if self.term is None:
+            self.term = Termination.FAILED
+            self.run_updates[k.F_TERMINATION] = self.term.value
+        self.run_updates[k.F_ERROR] = error.model_dump_json()
+        self.aborting = True
+
+    def cancel_gates(self) -> None:
+        """End the paused gates of a stopped or cancelled run (nothing else would)."""
+        assert self.control is not None
+        reason = ending_reason(self.control)
+        for key in self.workflow.gates:
+            if self.record(key).state is State.PAUSED:
+                self.move(key, PhaseEvent(EventKind.CANCEL, self.now, reason=reason))
+
+    def decide(self, key: str, approve: bool, value_raw: str | None, gate_event: Event) -> None:
+        kind = EventKind.APPROVE if approve else EventKind.DENY
+        if approve:
+            self.data[k.value_field(key)] = value_raw or "null"
+        self.events.append(gate_event)
+        self.move(key, PhaseEvent(kind, self.now))
+        self.settle()
+
+    def resume(self, replay: set[str]) -> None:
+        """Reopen a failed run: replay the interrupted phases in ``replay``, and let the tasks that
+        were cancelled or skipped because of them run again. Reads every record (O(tasks))."""
+        self.snapshot.ensure([k.task_field(key) for key in self.workflow.order])
+        self._read_outcome_fields()
+        self.control = None
+        self.run_deletes += [k.F_CONTROL, k.F_TERMINATION, k.F_FINISHED]
+        self.run_updates[k.F_STATUS] = RunStatus.RUNNING.value
+        self.revive = True
+        self.term = None
+        self.events.append(Event(type=ev.RUN_RESUMED, at=self.now, data={"tasks": sorted(replay)}))
+        for key in self.workflow.order:  # dependencies before dependents
+            record = self.record(key)
+            reopen = key in replay or record.status is TaskStatus.CANCELLED or (
+                record.status is TaskStatus.SKIPPED and record.reason != "condition")
+            if not reopen:
+                continue
+            waiting_on = sum(1 for dep in self.workflow.by_key[key].after
+                             if self.record(dep).status is not TaskStatus.DONE)
+            reopened = self.move(key, PhaseEvent(EventKind.RESUME, self.now, waiting_on=waiting_on))
+            if reopened.state is State.WAITING and reopened.waiting_on == 0:
+                self._activate(key)
+        self.settle()
+
+    # settling -------------------------------------------------------------------------------
     def settle(self) -> None:
-        """Propagate the changes made so far through the graph and finish the run if it is over."""
-        if not self.guard_all and self.control == self.snapshot.control and self.snapshot.raw_tasks:
-            return  # no task ended and no control changed: the graph and the run status stay as they are
-        for key, record in list(self.changed.items()):
-            if record.status is TaskStatus.FAILED and not self._was_failed(key):
-                self._on_failure(record)
-        for key in self.workflow.order:
+        """Follow the edges from every task that ended in this plan (and from those that end
+        because of them): activate, skip or cancel dependents; note failures and rejections."""
+        while self._settled < len(self._ended):
+            key = self._ended[self._settled]
+            self._settled += 1
             record = self.tasks[key]
-            state = record.state
-            if self.control is not None:
-                reason = ending_reason(self.control)
-                if state is State.WAITING:
-                    kind = EventKind.CANCEL if reason == "cancelled" else EventKind.SKIP
-                    self.move(key, PhaseEvent(kind, self.now, reason=reason))
-                elif state in QUEUED_STATES or state is State.PAUSED:
-                    self.move(key, PhaseEvent(EventKind.CANCEL, self.now, reason=reason))
-                continue
-            if state is not State.WAITING:
-                continue
-            deps = [self.tasks[d] for d in self.workflow.by_key[key].after]
-            if all(d.status is TaskStatus.DONE for d in deps):
-                self.move(key, PhaseEvent(EventKind.ACTIVATE, self.now))
-            elif any(d.terminal and d.status is not TaskStatus.DONE for d in deps):
-                self.move(key, PhaseEvent(EventKind.SKIP, self.now, reason="dependency"))
-        self._update_run_status()
+            if record.status is TaskStatus.FAILED:
+                self._on_failure(record)
+            elif record.status is TaskStatus.REJECTED and not self.rejected:
+                self._read_outcome_fields()
+                self.rejected = True
+                self.run_updates[k.F_REJECTED] = "1"
+            for dependent in self.workflow.dependents.get(key, ()):
+                waiting = self.record(dependent)
+                if waiting.state is not State.WAITING:
+                    continue
+                if record.status is TaskStatus.DONE:
+                    if self.move(dependent, PhaseEvent(EventKind.DEP_DONE, self.now)).waiting_on == 0:
+                        self._activate(dependent)
+                elif self.control is not None:
+                    self._end_by_control(dependent)
+                else:
+                    self.move(dependent, PhaseEvent(EventKind.SKIP, self.now, reason="dependency"))
 
-    def _was_failed(self, key: str) -> bool:
-        return key in self.snapshot.raw_tasks and self.snapshot.task(key).status is TaskStatus.FAILED
+    def _activate(self, key: str) -> None:
+        if self.control is None:
+            self.move(key, PhaseEvent(EventKind.ACTIVATE, self.now))
+        else:
+            self._end_by_control(key)
+
+    def _end_by_control(self, key: str) -> None:
+        """A waiting task of a cancelled run is cancelled; of a stopped run, skipped."""
+        assert self.control is not None
+        reason = ending_reason(self.control)
+        kind = EventKind.CANCEL if reason == "cancelled" else EventKind.SKIP
+        self.move(key, PhaseEvent(kind, self.now, reason=reason))
 
     def _on_failure(self, record: TaskRecord) -> None:
+        self._read_outcome_fields()
         if self.term is None:
-            self.term = termination_for(record.error).value
-            self.run_updates["term"] = self.term
-        budget = record.error is not None and record.error.type == "WorkflowBudgetExceeded"
+            self.term = termination_for(record.error)
+            self.run_updates[k.F_TERMINATION] = self.term.value
+        budget = record.error is not None and record.error.type == WorkflowBudgetExceeded.__name__
         if self.workflow.stop_on_error or budget:
             self.stop("limit" if budget else "failed")
-
-    def _update_run_status(self) -> None:
-        records = self.tasks.values()
-        if all(r.terminal for r in records):
-            status = self._final_status()
-            if self.control is not None and self.control.startswith(CANCEL_PREFIX):
-                term: str | None = Termination.ABORTED.value
-            elif status is RunStatus.REJECTED:
-                term = Termination.REJECTED.value
-            elif status is RunStatus.FAILED:
-                term = self.term or Termination.FAILED.value
-            else:
-                term = None
-            self.run_updates.update(status=status.value, finished=repr(self.now))
-            if term:
-                self.run_updates["term"] = term
-            self.events.append(Event(type=ev.RUN_FINISHED, at=self.now,
-                                     data={"status": status.value, "termination": term}))
-            self.status = status.value
-            return
-        active = any(r.status is TaskStatus.ACTIVE for r in records)
-        paused = any(r.status is TaskStatus.PAUSED for r in records)
-        status = RunStatus.WAITING if paused and not active else RunStatus.RUNNING
-        if self.status != status.value:
-            self.run_updates["status"] = status.value
-            self.status = status.value
-
-    def _final_status(self) -> RunStatus:
-        statuses = {r.status for r in self.tasks.values()}
-        if self.control is not None and self.control.startswith(CANCEL_PREFIX):
-            return RunStatus.CANCELLED
-        if TaskStatus.REJECTED in statuses:
-            return RunStatus.REJECTED
-        if TaskStatus.FAILED in statuses:
-            return RunStatus.FAILED
-        if self.control is not None:  # stopped without a failed task (cannot normally happen)
-            return RunStatus.FAILED
-        return RunStatus.DONE
-
-    @property
-    def finished(self) -> bool:
-        return self.status is not None and RunStatus(self.status) in TERMINAL_RUN
 
     # the write ------------------------------------------------------------------------------
     def batch(self) -> Batch:
         """One guarded write for the whole plan."""
         b = Batch(self.run_id)
-        guarded = self.snapshot.raw_tasks.keys() if self.guard_all else self.changed.keys()
-        for key in guarded:
-            b.expect_task(key, self.snapshot.raw_tasks.get(key))
-        b.expect(k.K_RUN, "ctl", self.snapshot.control, "control")
-        if "term" in self.run_updates and self.snapshot.run.get("term") is None:
-            b.expect(k.K_RUN, "term", None, "termination")
-        for field, limit, add, label in self.caps:
-            b.cap(k.K_RUN, field, limit, add, label)
+        snap = self.snapshot
+        if self.new_run:
+            if snap.fields.get(k.F_STATUS) == RunStatus.PENDING.value:
+                b.expect(k.F_STATUS, RunStatus.PENDING.value, "pending run")
+            else:
+                b.expect(k.F_WORKFLOW, None, "run exists")
+        else:
+            for key in self.tasks:
+                b.expect(k.task_field(key), snap.fields.get(k.task_field(key)), f"task:{key}")
+        b.expect(k.F_CONTROL, snap.fields.get(k.F_CONTROL), "control")
+        for cap in self.caps:
+            b.cap(cap.field, cap.limit, cap.add, cap.label)
         for key, record in self.changed.items():
             raw = record.dump()
-            b.hset(k.K_TASKS, key, raw)
+            b.set(k.task_field(key), raw)
             if record.state in QUEUED_STATES:
-                prepared = prepared_begin(self.workflow, record, raw, self.run_id, self.settings)
+                prepared = prepared_begin(self.workflow, record, raw, self.settings)
                 if prepared is not None:
-                    b.hset(k.K_DATA, k.begin_field(key), prepared)
-            elif key in self.snapshot.raw_tasks and self.snapshot.task(key).state in QUEUED_STATES:
-                b.hdel(k.K_DATA, k.begin_field(key))  # it left the queue some other way
+                    b.set(k.begin_field(key), prepared)
+            elif record.terminal and not self.new_run:
+                b.delete(k.begin_field(key))
         for field, value in self.data.items():
-            b.hset(k.K_DATA, field, value)
+            b.set(field, value)
         for name, amount in self.usage.items():
-            b.hincr(k.K_RUN, f"u:{name}", amount)
-        for field, value in self.run_updates.items():
-            b.hset(k.K_RUN, field, value)
+            b.incr(k.usage_field(name), amount)
+        b.hset.update(self.run_updates)
         for field in self.run_deletes:
-            b.hdel(k.K_RUN, field)
-        if self.revive:
-            b.persist_run()
+            b.delete(field)
+        b.revive = self.revive
         for event in self.events:
             b.event(event)
         for key, until in self.leases.items():
             b.lease(key, until)
-        if self.finished:
-            assert self.status is not None
-            b.end(self.status)
-            grace = self.settings.success_grace_s
-            done = self.status == RunStatus.DONE.value
-            b.expire_run(grace if done and self.workflow.delete_on_success else self.settings.retention_s)
+        open_delta = self.counters[k.F_OPEN]
+        if self.new_run:
+            for field in (k.F_OPEN, k.F_ACTIVE, k.F_PAUSED):
+                b.set(field, str(self.counters[field]))
+            return b
+        for field in (k.F_ACTIVE, k.F_PAUSED):
+            b.incr(field, self.counters[field])
+        if self.aborting:
+            b.incr(k.F_OPEN, open_delta)
+            self._finish(b)
+            b.finishes = True
+        elif open_delta < 0:
+            self._read_outcome_fields()
+            b.open_delta = open_delta
+            if not self.over:
+                self._finish(b.final)
+        elif open_delta > 0:
+            b.incr(k.F_OPEN, open_delta)
+        if self._term_read:  # the final status depends on them: guard them as read
+            for field in OUTCOME_FIELDS:
+                b.expect(field, snap.fields.get(field), field)
         return b
+
+    def _finish(self, final: Writes) -> None:
+        """The writes that end the run: in ``b.final`` they apply only if this write ends the run's
+        last open task; an abort writes them at once."""
+        status, term = final_status(self.control, self.term, self.rejected)
+        final.hset[k.F_STATUS] = status.value
+        final.hset[k.F_FINISHED] = repr(self.now)
+        if term is not None:
+            final.hset[k.F_TERMINATION] = term.value
+        event = Event(type=ev.RUN_FINISHED, at=self.now,
+                      data={"status": status.value, "termination": term.value if term else None})
+        final.events.append(event)
+        self.final_events = [event]
+        final.end_marker = status.value
+        done = status is RunStatus.DONE
+        final.ttl = self.settings.success_grace_s if done and self.workflow.delete_on_success \
+            else self.settings.retention_s
 
 
 def _value(phase: Phase | None) -> str | None:
     return phase.value if phase is not None else None
+
+
+def exhausted(record: TaskRecord) -> bool:
+    return record.error is not None and record.error.type == LoopTaskExhausted.__name__

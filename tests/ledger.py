@@ -3,7 +3,7 @@
 Grammar per task: ``phase(n, attempt|run)`` opens a phase; ``phase(n, check)`` closes the
 attempt and opens the check; ``phase(n, complete)`` closes the check; the next ``phase`` event
 closes the open one (a new round, or a retry); a terminal ``task`` event closes whatever is
-open. ``exec`` events must fall inside an open phase with the same round and phase.
+open. An execution (the ``data.exec`` of an outcome's first event) must belong to an open phase.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def ledger_problems(events: Iterable[Event]) -> list[str]:
         if e.key is None:
             continue
         current = open_phase.get(e.key)
+        if (e.data or {}).get("exec") and current is None:
+            problems.append(f"{e.key}: an execution recorded outside any open phase ({e.type} {e.round}/{e.phase})")
         if e.type == "phase":
             assert e.round is not None and e.phase is not None
             if e.phase == "complete":
@@ -33,9 +35,6 @@ def ledger_problems(events: Iterable[Event]) -> list[str]:
                 if e.phase == "check" and current != (e.round, "attempt"):
                     problems.append(f"{e.key}: check of round {e.round} without an open attempt ({current})")
                 open_phase[e.key] = (e.round, e.phase)
-        elif e.type == "exec":
-            if current != (e.round, e.phase):
-                problems.append(f"{e.key}: exec of {e.round}/{e.phase} outside its phase ({current})")
         elif e.type == "task" and e.key in finished and e.data and e.data.get("status") in ("active", "waiting"):
             finished.discard(e.key)  # client.resume reopened it, at its interrupted phase if any
             if e.data["status"] == "active":

@@ -9,79 +9,106 @@ from taskloop.events import Event
 from taskloop.store import keys as k
 
 
-class Batch:
+class Writes:
+    """The writes of a batch (or of its finishing part): one HSET, HDEL, ... per kind."""
+
+    def __init__(self) -> None:
+        self.hset: dict[str, str] = {}
+        self.hdel: list[str] = []
+        self.hincr: dict[str, int] = {}
+        self.events: list[Event] = []
+        self.leases: dict[str, float] = {}
+        self.unlease: list[str] = []
+        self.end_marker: str | None = None
+        self.ttl: int | None = None
+        self.revive = False
+
+    def program(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.hset:
+            out["h"] = [item for pair in self.hset.items() for item in pair]
+        if self.hdel:
+            out["d"] = self.hdel
+        if self.hincr:
+            out["i"] = [[name, amount] for name, amount in self.hincr.items() if amount]
+        if self.events:
+            out["x"] = [event.to_fields() for event in self.events]
+        if self.leases:
+            out["l"] = [item for member, until in self.leases.items() for item in (until, member)]
+        if self.unlease:
+            out["r"] = self.unlease
+        if self.end_marker is not None:
+            out["e"] = self.end_marker
+        if self.ttl is not None:
+            out["t"] = self.ttl
+        if self.revive:
+            out["p"] = True
+        return out
+
+
+class Batch(Writes):
     """A guarded batch write against the keys of one run. Nothing is sent until the store applies it."""
 
     def __init__(self, run_id: str) -> None:
+        super().__init__()
         self.run_id = run_id
         self.keys = k.RunKeys.of(run_id)
         self.guards: list[list[Any]] = []
-        self.writes: list[list[Any]] = []
-        self.events: list[Event] = []
         self.labels: list[str] = []  # what each guard protects, for conflict reports
+        self.open_delta = 0  # added to n:open; when it reaches 0, `final` is applied too
+        self.final = Writes()
+        self.finishes = False  # the batch ends the run whatever n:open says (an abort)
 
     # guards ---------------------------------------------------------------------------------
-    def expect(self, key_index: int, field: str, value: str | None, label: str = "") -> Batch:
-        self.guards.append(["nx", key_index, field] if value is None else ["eq", key_index, field, value])
+    def expect(self, field: str, value: str | None, label: str = "") -> Batch:
+        """The field must still hold ``value`` (None: must be absent)."""
+        self.guards.append(["nx", field] if value is None else ["eq", field, value])
         self.labels.append(label or field)
         return self
 
-    def expect_task(self, key: str, raw: str | None) -> Batch:
-        return self.expect(k.K_TASKS, key, raw, f"task:{key}")
+    def exists(self, field: str, label: str = "") -> Batch:
+        self.guards.append(["ex", field])
+        self.labels.append(label or field)
+        return self
 
-    def cap(self, key_index: int, field: str, limit: int, add: int, label: str) -> Batch:
-        self.guards.append(["cap", key_index, field, limit, add])
+    def one_of(self, field: str, values: list[str], label: str = "") -> Batch:
+        self.guards.append(["in", field, values])
+        self.labels.append(label or field)
+        return self
+
+    def cap(self, field: str, limit: int, add: int, label: str) -> Batch:
+        self.guards.append(["cap", field, limit, add])
         self.labels.append(label)
         return self
 
     # writes ---------------------------------------------------------------------------------
-    def hset(self, key_index: int, field: str, value: str) -> Batch:
-        self.writes.append(["hset", key_index, field, value])
+    def set(self, field: str, value: str) -> Batch:
+        self.hset[field] = value
         return self
 
-    def hdel(self, key_index: int, field: str) -> Batch:
-        self.writes.append(["hdel", key_index, field])
+    def delete(self, field: str) -> Batch:
+        self.hdel.append(field)
         return self
 
-    def hincr(self, key_index: int, field: str, amount: int) -> Batch:
+    def incr(self, field: str, amount: int) -> Batch:
         if amount:
-            self.writes.append(["hincr", key_index, field, amount])
+            self.hincr[field] = self.hincr.get(field, 0) + amount
         return self
 
     def event(self, event: Event) -> Batch:
-        self.writes.append(["xadd", k.K_EVENTS, *event.to_fields()])
         self.events.append(event)
         return self
 
     def lease(self, key: str, until: float | None) -> Batch:
-        member = k.lease_member(self.run_id, key)
         if until is None:
-            self.writes.append(["zrem", k.K_LEASES, member])
+            self.leases.pop(key, None)
+            self.unlease.append(key)
         else:
-            self.writes.append(["zadd", k.K_LEASES, until, member])
-        return self
-
-    def index(self, created_at: float) -> Batch:
-        self.writes.append(["zadd", k.K_INDEX, created_at, self.run_id])
-        return self
-
-    def end(self, status: str) -> Batch:
-        """Mark the run as ended on its end stream (what wait() blocks on)."""
-        self.writes.append(["rpush", k.K_END, status])
-        return self
-
-    def expire_run(self, seconds: int) -> Batch:
-        for index in k.RUN_SCOPED:
-            self.writes.append(["expire", index, seconds])
-        return self
-
-    def persist_run(self) -> Batch:
-        """Undo expire_run and end: a resumed run is live again."""
-        for index in k.RUN_SCOPED:
-            self.writes.append(["persist", index])
-        self.writes.append(["del", k.K_END])
+            self.leases[key] = until
         return self
 
     def argv(self) -> list[str]:
-        program = {"g": self.guards, "w": self.writes}
+        program: dict[str, Any] = {"g": self.guards, "w": self.program()}
+        if self.open_delta:
+            program["z"] = {"n": self.open_delta, "w": self.final.program()}
         return [json.dumps(program, separators=(",", ":"), ensure_ascii=False)]

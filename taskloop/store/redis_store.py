@@ -1,72 +1,53 @@
-"""The Redis store: snapshots of a run, guarded batch writes (cas.lua), events and indexes."""
+"""The Redis store: field reads of a run, the guarded batch write (cas.lua), the prepared begin
+(begin.lua), events, the end marker, and the global indexes (written outside the run scripts)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from taskloop.errors import CorruptRecord, StoreUnavailable
+from taskloop.errors import StoreUnavailable
 from taskloop.events import Event
-from taskloop.phases import TaskRecord
 from taskloop.store import keys as k
 from taskloop.store.batch import Batch
+from taskloop.store.meta import Snapshot
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# A blocking read (BLMOVE, XREAD BLOCK) gets this much more socket time than it blocks for, so a
+# reply that arrives a moment late is never mistaken for Redis being down.
+BLOCK_MARGIN_S = 10.0
+SOCKET_TIMEOUT_S = 5.0
+EVENTS_MAXLEN = 100_000  # per run; XADD MAXLEN ~ trims beyond it (TASKLOOP_EVENTS_MAXLEN)
+
 
 def redact(url: str) -> str:
-    """The URL without its password, for error messages and logs."""
+    """The URL without its password (in the user part or the query string), for errors and logs."""
     parts = urlsplit(url)
+    netloc = parts.netloc
     if parts.password:
         host = parts.hostname or ""
         netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(name, "***" if name.lower() == "password" else value) for name, value in pairs],
+                          safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def load_script(name: str) -> str:
     return resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
-
-
-def _pairs(flat: list[str]) -> dict[str, str]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-@dataclass
-class Snapshot:
-    """What one read of a run returns: the run hash, the raw task records and some data fields."""
-
-    run_id: str
-    run: dict[str, str]
-    raw_tasks: dict[str, str]
-    data: dict[str, str | None] = field(default_factory=dict)
-    _tasks: dict[str, TaskRecord] = field(default_factory=dict)
-
-    def task(self, key: str) -> TaskRecord:
-        record = self._tasks.get(key)
-        if record is None:
-            try:
-                record = self._tasks[key] = TaskRecord.load(self.raw_tasks[key])
-            except ValueError as exc:  # pydantic's ValidationError is a ValueError
-                raise CorruptRecord(self.run_id, key, str(exc).splitlines()[0]) from None
-        return record
-
-    def tasks(self) -> dict[str, TaskRecord]:
-        return {key: self.task(key) for key in self.raw_tasks}
-
-    @property
-    def control(self) -> str | None:
-        """None while the run may progress; "cancel:<reason>" or "stop:<reason>" once it may not."""
-        return self.run.get("ctl")
 
 
 @dataclass(frozen=True)
@@ -75,23 +56,35 @@ class Conflict:
 
     index: int
     label: str
+    field: str
     current: str | None
 
 
-# A blocking read (BLMOVE, XREAD BLOCK) gets this much more socket time than it blocks for, so a
-# reply that arrives a moment late is never mistaken for Redis being down.
-BLOCK_MARGIN_S = 10.0
-SOCKET_TIMEOUT_S = 5.0
+@dataclass(frozen=True)
+class Applied:
+    """A batch was applied; ``finished``: it ended the run (n:open reached 0)."""
+
+    finished: bool
+
+
+@dataclass(frozen=True)
+class BeginReply:
+    """What begin.lua did: ``began`` the prepared phase (values[0] is then the running record), or
+    only read the asked-for fields for the caller to decide on."""
+
+    began: bool
+    fields: dict[str, str | None]
 
 
 class RedisStore:
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable."""
 
     def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None,
-                 single_connection: bool = False) -> None:
+                 single_connection: bool = False, events_maxlen: int = EVENTS_MAXLEN) -> None:
         """``single_connection``: one connection for the whole process (a worker's pool process,
         which makes its calls one after another) instead of a connection pool."""
         self.url = url
+        self.events_maxlen = events_maxlen
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
         self.client: Any = client or redis.Redis.from_url(
             url,
@@ -106,7 +99,6 @@ class RedisStore:
         )
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._cas = self.client.register_script(load_script("cas"))
-        self._snapshot = self.client.register_script(load_script("snapshot"))
         self._begin = self.client.register_script(load_script("begin"))
 
     @staticmethod
@@ -125,63 +117,56 @@ class RedisStore:
                 ) from exc
         return call
 
-    # reads ----------------------------------------------------------------------------------
+    # reads of one run -----------------------------------------------------------------------
     @_wrap
-    def snapshot(self, run_id: str, data_fields: Sequence[str] = ()) -> Snapshot | None:
-        keys = k.RunKeys.of(run_id)
-        run, tasks, data = self._snapshot(keys=[keys.run, keys.tasks, keys.data], args=list(data_fields))
-        if not run:
-            return None
-        return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(data_fields, data, strict=True)))
-
-    @_wrap
-    def snapshot_with_values(self, run_id: str) -> Snapshot | None:
-        """A snapshot whose data holds every task's value field (what a result needs)."""
-        keys = k.RunKeys.of(run_id)
-        run, tasks, data = self._snapshot(keys=[keys.run, keys.tasks, keys.data], args=["*values"])
-        if not run:
-            return None
-        fields = [k.value_field(key) for key in tasks[::2]]
-        return Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(fields, data, strict=True)))
-
-    @_wrap
-    def snapshot_with_lease(self, run_id: str, key: str) -> tuple[Snapshot | None, float | None]:
-        """A snapshot and the lease of one task, read together (their versions agree)."""
-        keys = k.RunKeys.of(run_id)
-        reply = self._snapshot(keys=[keys.run, keys.tasks, keys.data, keys.leases],
-                               args=["*lease", k.lease_member(run_id, key)])
-        if not reply[0]:
-            return None, None
-        lease = float(reply[3]) if reply[3] is not None else None
-        return Snapshot(run_id, _pairs(reply[0]), _pairs(reply[1])), lease
-
-    @_wrap
-    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
-              lease_s: float, data_fields: Sequence[str] = ()) -> tuple[bool, Snapshot | None]:
-        """Read the run and, if the scheduler prepared this phase's begin, begin it (begin.lua)."""
-        keys = k.RunKeys.of(run_id)
-        began, run, tasks, data = self._begin(
-            keys=[keys.run, keys.tasks, keys.data, keys.events, keys.leases],
-            args=[key, token, round, phase, worker, repr(now), lease_s, *data_fields],
-        )
-        if not run:
-            return False, None
-        return bool(began), Snapshot(run_id, _pairs(run), _pairs(tasks), dict(zip(data_fields, data, strict=True)))
-
-    @_wrap
-    def data(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
+    def hmget(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
         if not fields:
             return []
-        return list(self.client.hmget(k.RunKeys.of(run_id).data, list(fields)))
-
-    @_wrap
-    def data_matching(self, run_id: str, prefix: str) -> dict[str, str]:
-        """All data fields that start with ``prefix`` (HSCAN; used by inspect, not the hot path)."""
-        return dict(self.client.hscan_iter(k.RunKeys.of(run_id).data, match=f"{prefix}*", count=500))
-
-    @_wrap
-    def run_fields(self, run_id: str, *fields: str) -> list[str | None]:
         return list(self.client.hmget(k.RunKeys.of(run_id).run, list(fields)))
+
+    def snapshot(self, run_id: str, fields: Iterable[str] = ()) -> Snapshot:
+        """A snapshot of the run that loads further fields on demand (check ``.exists``)."""
+        snap = Snapshot(run_id, loader=lambda names: self.hmget(run_id, names))
+        snap.ensure([k.F_WORKFLOW, *fields])
+        return snap
+
+    @_wrap
+    def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
+        """Every hash field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
+        return dict(self.client.hscan_iter(k.RunKeys.of(run_id).run, match=f"{prefix}*", count=1000))
+
+    @_wrap
+    def all_fields(self, run_id: str) -> dict[str, str]:
+        """The whole run hash (inspect of one run)."""
+        return dict(self.client.hgetall(k.RunKeys.of(run_id).run))
+
+    @_wrap
+    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker_json: str, now: float,
+              fields: Sequence[str]) -> BeginReply:
+        """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller."""
+        keys = k.RunKeys.of(run_id)
+        began, values, more_names, more = self._begin(keys=[keys.run, keys.leases],
+                                                      args=[key, token, round, phase, worker_json, repr(now), *fields])
+        found = dict(zip(more_names, more, strict=True))
+        found.update(zip(fields, values, strict=True))
+        return BeginReply(bool(began), found)
+
+    @_wrap
+    def leases(self, run_id: str, until: float, limit: int = 100) -> list[tuple[str, float]]:
+        """The run's leases that expire by ``until``, earliest first."""
+        rows = self.client.zrangebyscore(k.RunKeys.of(run_id).leases, "-inf", until, start=0, num=limit,
+                                         withscores=True)
+        return [(member, float(score)) for member, score in rows]
+
+    @_wrap
+    def lease_of(self, run_id: str, key: str) -> float | None:
+        score = self.client.zscore(k.RunKeys.of(run_id).leases, key)
+        return None if score is None else float(score)
+
+    @_wrap
+    def first_lease(self, run_id: str) -> float | None:
+        rows = self.client.zrange(k.RunKeys.of(run_id).leases, 0, 0, withscores=True)
+        return float(rows[0][1]) if rows else None
 
     @_wrap
     def events(self, run_id: str, after: str | None = None, count: int | None = None) -> list[Event]:
@@ -231,15 +216,95 @@ class RedisStore:
         timeout = max(block_ms, 1) / 1000.0
         return self._block(timeout, lambda c: c.blmove(end, end, timeout, "LEFT", "RIGHT"), None) is not None
 
+    # writes of one run ----------------------------------------------------------------------
+    @_wrap
+    def apply(self, batch: Batch) -> Conflict | Applied:
+        """Run the batch atomically: Applied, or the first guard that failed (nothing written)."""
+        reply = self._cas(keys=batch.keys.all(), args=[*batch.argv(), self.events_maxlen])
+        if reply[0] == 1:
+            return Applied(finished=batch.finishes or (reply[1] == 0 and batch.open_delta != 0))
+        index = int(reply[1])
+        guard = batch.guards[index - 1]
+        return Conflict(index, batch.labels[index - 1], guard[1], reply[2] if len(reply) > 2 else None)
+
+    @_wrap
+    def incr_usage(self, run_id: str, counts: dict[str, int]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for name, amount in counts.items():
+            if amount:
+                pipe.hincrby(k.RunKeys.of(run_id).run, k.usage_field(name), amount)
+        pipe.execute()
+
+    # fleet counters and indexes (outside the run scripts: a run keeps to one slot) -------------
+    @_wrap
+    def incr_stat(self, name: str, amount: int = 1) -> None:
+        self.client.hincrby(k.STATS, name, amount)
+
+    @_wrap
+    def stats(self) -> dict[str, str]:
+        return dict(self.client.hgetall(k.STATS))
+
+    @_wrap
+    def index_run(self, run_id: str, created: float, look_at: float) -> None:
+        """List a new run for ``taskloop runs`` and for the reconciler (before its first write)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(k.RUNS_INDEX, {run_id: created})
+        pipe.zadd(k.LIVE_INDEX, {run_id: look_at})
+        pipe.execute()
+
+    @_wrap
+    def relive(self, run_id: str, look_at: float) -> None:
+        """A resumed run is live again."""
+        self.client.zadd(k.LIVE_INDEX, {run_id: look_at})
+
+    @_wrap
+    def unlive(self, run_ids: Sequence[str]) -> None:
+        if run_ids:
+            self.client.zrem(k.LIVE_INDEX, *run_ids)
+
+    @_wrap
+    def due_runs(self, now: float, limit: int) -> list[str]:
+        """Live runs the reconciler should look at now."""
+        return list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit))
+
+    @_wrap
+    def look_again(self, run_id: str, at: float) -> None:
+        """When the reconciler should look at a live run next (only if it is still listed)."""
+        self.client.zadd(k.LIVE_INDEX, {run_id: at}, xx=True)
+
+    @_wrap
+    def live_count(self) -> int:
+        return int(self.client.zcard(k.LIVE_INDEX))
+
+    @_wrap
+    def note_reconcile(self, report_json: str) -> None:
+        """What the last reconcile pass did (read by ``taskloop status``)."""
+        self.client.set(k.RECONCILER_LAST, report_json)
+
+    @_wrap
+    def last_reconcile(self) -> str | None:
+        found: str | None = self.client.get(k.RECONCILER_LAST)
+        return found
+
     @_wrap
     def run_ids(self, limit: int, offset: int = 0) -> list[str]:
         return list(self.client.zrevrange(k.RUNS_INDEX, offset, offset + limit - 1))
 
     @_wrap
-    def run_hashes(self, run_ids: Iterable[str]) -> list[dict[str, str]]:
+    def run_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
+        """Run ids that start with ``prefix`` (lexicographic ZSCAN of the runs index)."""
+        found: list[str] = []
+        for member, _ in self.client.zscan_iter(k.RUNS_INDEX, match=f"{_glob_escape(prefix)}*", count=1000):
+            found.append(member)
+            if len(found) >= limit:
+                break
+        return found
+
+    @_wrap
+    def run_metas(self, run_ids: Iterable[str]) -> list[list[str | None]]:
         pipe = self.client.pipeline(transaction=False)
         for run_id in run_ids:
-            pipe.hgetall(k.RunKeys.of(run_id).run)
+            pipe.hmget(k.RunKeys.of(run_id).run, list(k.META_FIELDS))
         return list(pipe.execute())
 
     @_wrap
@@ -248,53 +313,20 @@ class RedisStore:
             self.client.zrem(k.RUNS_INDEX, *run_ids)
 
     @_wrap
-    def expired_leases(self, now: float, limit: int = 500) -> list[tuple[str, str, float]]:
-        rows = self.client.zrangebyscore(k.LEASES, "-inf", now, start=0, num=limit, withscores=True)
-        return [(*k.parse_lease_member(member), score) for member, score in rows]
-
-    @_wrap
-    def lease_expiry(self, run_id: str, key: str) -> float | None:
-        score = self.client.zscore(k.LEASES, k.lease_member(run_id, key))
-        return None if score is None else float(score)
-
-    @_wrap
-    def stats(self) -> dict[str, str]:
-        return dict(self.client.hgetall(k.STATS))
-
-    # writes ---------------------------------------------------------------------------------
-    @_wrap
-    def apply(self, batch: Batch) -> Conflict | None:
-        """Run the batch atomically. None when it was applied, else the first guard that failed."""
-        reply = self._cas(keys=batch.keys.all(), args=batch.argv())
-        if reply[0] == 1:
-            return None
-        index = int(reply[1])
-        return Conflict(index, batch.labels[index - 1], reply[2] if len(reply) > 2 else None)
-
-    @_wrap
-    def incr_stat(self, name: str, amount: int = 1, run_id: str | None = None) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(k.STATS, name, amount)
-        if run_id is not None:
-            pipe.hincrby(k.RunKeys.of(run_id).run, f"stat:{name}", amount)
-        pipe.execute()
-
-    @_wrap
-    def incr_usage(self, run_id: str, counts: dict[str, int]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for name, amount in counts.items():
-            if amount:
-                pipe.hincrby(k.RunKeys.of(run_id).run, f"u:{name}", amount)
-        pipe.execute()
+    def trim_runs_index(self, before: float) -> int:
+        """Drop index entries of runs created before ``before`` (their records have expired)."""
+        return int(self.client.zremrangebyscore(k.RUNS_INDEX, "-inf", before))
 
     def close(self) -> None:
         self.client.close()
         if self._blocking is not None:
             self._blocking.close()
 
-    @staticmethod
-    def decode_usage(run: dict[str, str]) -> dict[str, Any]:
-        def n(name: str) -> int:
-            return int(run.get(f"u:{name}", 0))
-        return {"attempts": n("attempts"),
-                "tokens": {"input": n("input"), "cached": n("cached"), "output": n("output")}}
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def dumps_worker(worker: str) -> str:
+    """A worker name as the JSON string begin.lua splices into a record."""
+    return json.dumps(worker, ensure_ascii=False)

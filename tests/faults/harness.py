@@ -23,7 +23,8 @@ from taskloop.client import TaskLoop
 from taskloop.config import Settings
 from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
 from taskloop.errors import StoreUnavailable
-from taskloop.reconciler import process_gone
+from taskloop.models import executions
+from taskloop.worker.recovery import process_gone
 from tests.faults import flows
 from tests.ledger import ledger_problems
 
@@ -147,7 +148,7 @@ class Cluster:
         pending = list(run_ids)
         while pending and time.monotonic() < deadline:
             try:
-                statuses = [self.client.store.run_fields(rid, "status")[0] for rid in pending]
+                statuses = [self.client.status(rid) for rid in pending]
             except StoreUnavailable:
                 time.sleep(0.2)
                 continue
@@ -190,8 +191,9 @@ class Cluster:
             rounds = sorted({e.round for e in events if e.type == "phase" and e.key == "work" and e.round})
             if rounds != list(range(1, len(rounds) + 1)) or len(rounds) > max_rounds:
                 outcome.problems.append(f"{run_id}: rounds {rounds} not contiguous within 1..{max_rounds}")
-            execs = Counter((e.key, e.round, e.phase) for e in events if e.type == "exec")
-            outcome.replays += sum(1 for e in events if e.type == "exec" and e.data and e.data.get("replay"))
+            ran = [(key, e) for key, found in executions(events).items() for e in found]
+            execs = Counter((key, e.round, e.phase) for key, e in ran)
+            outcome.replays += sum(1 for _, e in ran if e.replay)
             for (key, round_, phase), n in execs.items():
                 allowed = 1 + injected[(run_id, key, round_, phase)]
                 if n > allowed:
@@ -201,8 +203,8 @@ class Cluster:
                 for target in fault.targets:
                     if target[0] != run_id:
                         continue
-                    later = [e.at for e in events if e.type == "exec" and e.key == target[1]
-                             and e.at > fault.at]
+                    later = [e.began_at for key, e in ran if key == target[1] and e.began_at is not None
+                             and e.began_at > fault.at]
                     if later:
                         outcome.max_recovery_s = max(outcome.max_recovery_s, min(later) - fault.at)
         stats = self.client.store.stats()

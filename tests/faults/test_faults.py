@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from taskloop.errors import StoreUnavailable
+from taskloop.models import executions
 from tests.faults import flows
 from tests.faults.harness import RESULTS, Cluster, Fault, Outcome, children_of
 
@@ -108,8 +109,7 @@ def test_duplicate_delivery_and_replay_after_commit(cluster: Cluster, size: dict
     deadline = time.monotonic() + 30
     while len(sent) < size["faults"] * 2 and time.monotonic() < deadline:
         run_id = cluster.rng.choice(run_ids)
-        snap = client.store.snapshot(run_id)
-        record = snap.task("work") if snap else None
+        record = client.store.snapshot(run_id).record("work")
         if record is None or record.phase is None or record.state not in (*QUEUED_STATES, *RUNNING_STATES):
             continue
         token = record.token if record.state in QUEUED_STATES else record.token - 1
@@ -136,8 +136,7 @@ def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
         cluster.pick_running()
         in_flight = []
         for run_id in run_ids:
-            snap = cluster.client.store.snapshot(run_id)
-            record = snap.task("work") if snap else None
+            record = cluster.client.store.snapshot(run_id).record("work")
             if record is not None and record.phase is not None and not record.terminal:
                 in_flight.append((run_id, "work", record.round, record.phase.value))
         cluster.redis.kill()
@@ -159,8 +158,9 @@ def test_a_phase_that_keeps_killing_its_worker_ends_failed(cluster: Cluster) -> 
     [error] = result.errors
     assert error.type == "PhaseAbandoned"
     assert "was started 5 times and every execution was lost" in error.message
-    execs = [e for e in cluster.client.events(run.run_id) if e.type == "exec"]
+    execs = executions(cluster.client.events(run.run_id))["work"]
     assert len(execs) == 5 and all(e.round == 1 and e.phase == "attempt" for e in execs)
+    assert all(e.lost for e in execs)
     assert [e.attempt for e in execs] == [1, 2, 3, 4, 5]  # each replay consumed one attempt
     RESULTS.append(Outcome("redelivery cap: an attempt that kills its process (ends PhaseAbandoned)", None,
                            1, len(execs)))

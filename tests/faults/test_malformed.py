@@ -33,9 +33,8 @@ def _state(cluster: Cluster, run_id: str) -> dict[str, Any]:
     keys = k.RunKeys.of(run_id)
     return {
         "run": cluster.probe.hgetall(keys.run),
-        "tasks": cluster.probe.hgetall(keys.tasks),
-        "data": cluster.probe.hgetall(keys.data),
         "events": cluster.probe.xrange(keys.events),
+        "leases": cluster.probe.zrange(keys.leases, 0, -1, withscores=True),
     }
 
 

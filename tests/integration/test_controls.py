@@ -10,6 +10,7 @@ import pytest
 
 import taskloop as tl
 from taskloop.config import settings
+from taskloop.models import ExecView, executions
 from tests.integration import control_flows as cf
 from tests.integration.flows import recorded
 from tests.ledger import assert_balanced
@@ -21,6 +22,10 @@ GRACE = settings().timeout_grace_s  # the documented hard-limit grace (TASKLOOP_
 
 def _events(client, run_id: str, type_: str, key: str | None = None) -> list[tl.Event]:
     return [e for e in client.events(run_id) if e.type == type_ and (key is None or e.key == key)]
+
+
+def _execs(client, run_id: str) -> list[ExecView]:
+    return [e for found in executions(client.events(run_id)).values() for e in found]
 
 
 # --- timeout ------------------------------------------------------------------------------------
@@ -44,10 +49,11 @@ def test_a_callback_that_ignores_the_signal_is_stopped_by_the_hard_limit(client,
     run = client.start(cf.stubborn_flow, input={})
     result = run.wait(timeout=30)
     assert (result.status, result.termination_code) == ("failed", "timeout")
-    [started] = _events(client, run.run_id, "exec")
+    [started] = _execs(client, run.run_id)
     [failed] = [e for e in _events(client, run.run_id, "task") if e.data["status"] == "failed"]
     # recorded within timeout_ms + the grace (+ the watcher's polling slack)
-    elapsed = failed.at - started.at
+    assert started.began_at is not None
+    elapsed = failed.at - started.began_at
     assert 0.5 <= elapsed <= 0.5 + GRACE + 1.5, elapsed  # slack for a loaded machine
     # the pool process that ran time.sleep(60) was stopped ...
     [pid] = recorded(probe, run.run_id, "stubborn_pid")
@@ -85,7 +91,7 @@ def test_retry_count_and_exponential_delays_follow_the_policy(client, probe) -> 
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(tries)]
     for gap, delay in zip(gaps, [0.2, 0.4, 0.5], strict=True):  # 200, 400, 800 capped at 500
         assert delay <= gap <= delay + 1.0, (gaps, delay)  # never early; late only by scheduling
-    execs = _events(client, run.run_id, "exec")
+    execs = _execs(client, run.run_id)
     assert [e.attempt for e in execs] == [1, 2, 3, 4]
     assert [(e.round, e.phase) for e in _events(client, run.run_id, "phase")] == [
         (1, "run"), (2, "run"), (3, "run"), (4, "run")]
@@ -249,7 +255,7 @@ def test_cancel_during_a_phase_ends_aborted_with_balanced_records(client, probe,
     assert view.tasks["later"].status == "cancelled"
     events = client.events(run.run_id)
     assert_balanced(events)
-    assert len([e for e in events if e.type == "exec"]) == (1 if phase == "attempt" else 2)
+    assert len([e for found in executions(events).values() for e in found]) == (1 if phase == "attempt" else 2)
     again = client.cancel(run.run_id)
     assert not again.cancelled and "already finished (cancelled)" in again.message
 

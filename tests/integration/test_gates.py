@@ -23,14 +23,14 @@ def test_approval_gate_waits_then_continues(client) -> None:
     run = client.start(cf.gated_flow, input={})
     _wait_for_status(client, run.run_id, "waiting")
     assert client.inspect(run.run_id).tasks["approval"].status == "paused"
-    with pytest.raises(tl.DefinitionError, match="actor 'bob' may not decide gate approval"):
+    with pytest.raises(tl.GateRefused, match="actor 'bob' may not decide gate approval"):
         client.decide(run.run_id, "approval", "approve", actor="bob")
-    with pytest.raises(tl.DefinitionError, match="is an approval gate; use approve or reject"):
+    with pytest.raises(tl.GateRefused, match="is an approval gate; use approve or reject"):
         client.decide(run.run_id, "approval", "resume", actor="alice")
     client.decide(run.run_id, "approval", "approve", actor="alice", reason="looks good")
     result = run.wait(timeout=30)
     assert result.status == "done" and result.values["publish"] == "published first draft"
-    with pytest.raises(tl.DefinitionError, match="not waiting for a decision"):
+    with pytest.raises(tl.GateRefused, match="not waiting for a decision"):
         client.decide(run.run_id, "approval", "approve", actor="alice")  # one decision per activation
     gate_events = [e for e in client.events(run.run_id) if e.type == "gate"]
     assert [(e.key, e.phase, e.data["actor"]) for e in gate_events] == [("approval", "approve", "alice")]
@@ -50,7 +50,7 @@ def test_rejected_gate_rejects_the_run(client) -> None:
 def test_input_gate_resumes_with_a_value(client) -> None:
     run = client.start(cf.input_flow, input={})
     _wait_for_status(client, run.run_id, "waiting")
-    with pytest.raises(tl.DefinitionError, match="has no task 'approval'"):
+    with pytest.raises(tl.GateRefused, match="approval is not a task of this workflow"):
         client.decide(run.run_id, "approval", "resume", actor="x")
     client.decide(run.run_id, "edit", "resume", actor="anyone", value="Loops that stop")
     result = run.wait(timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import taskloop as tl
+from taskloop.models import executions
 from tests.integration import flows
 from tests.integration.flows import recorded
 
@@ -35,7 +36,7 @@ def test_round_phase_event_sequence(client) -> None:
                       (2, "attempt"), (2, "check"), (2, "complete")]
     assert all(isinstance(e.at, float) for e in events)
     assert events[0].type == "run.started" and events[-1].type == "run.finished"
-    execs = [(e.round, e.phase, e.attempt) for e in events if e.type == "exec" and e.key == "fix"]
+    execs = [(e.round, e.phase, e.attempt) for e in executions(events)["fix"]]
     assert execs == [(1, "attempt", 1), (1, "check", 1), (2, "attempt", 2), (2, "check", 2)]
 
 
@@ -149,8 +150,8 @@ def test_attempt_and_check_run_on_different_processes(client, probe) -> None:
     # Then at least one round's check ran in another process than its attempt
     assert any(r["attempt"] != r["check"] for r in by_round.values()), by_round
     assert len({row["pid"] for row in where}) >= 2
-    # and the exec events name the node and process of each phase
-    nodes = {e.data["worker"] for e in client.events(run.run_id) if e.type == "exec"}
+    # and the events name the node and process of each execution
+    nodes = {e.worker for e in executions(client.events(run.run_id))["grind"]}
     assert len(nodes) >= 2
 
 

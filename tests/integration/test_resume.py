@@ -9,12 +9,12 @@ import time
 import pytest
 
 import taskloop as tl
-from taskloop.app import send_phase
+from taskloop.app import PhaseSender, send_phase
 from taskloop.config import settings
 from taskloop.phases import Phase, Slot, TaskStatus
-from taskloop.reconciler import reconcile
 from taskloop.scheduler import Dispatch
 from taskloop.store import keys as k
+from taskloop.worker.reconciler import reconcile
 from tests.integration import control_flows as cf
 from tests.integration import flows
 from tests.integration.flows import recorded
@@ -85,18 +85,17 @@ def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
 def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
     # A failed run with a corrupt record: resume refuses it
     run_id = _broken_run(client, probe)
-    probe.hset(k.RunKeys.of(run_id).tasks, "fix", '{"key": "fix", "kind": "loop", "status": "exploded"')
+    probe.hset(k.RunKeys.of(run_id).run, k.task_field("fix"), '{"key": "fix", "kind": "loop", "status": "exploded"')
     with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
         client.resume(run_id)
     # A live run whose check lost its candidate: the worker fails the task without calling check
     run = client.start(flows.spread, input={"rounds": 2}, run_id=f"corrupt-{time.time_ns()}")
     run.wait(timeout=30)
-    snap = client.store.snapshot(run.run_id)
-    record = snap.task("grind").model_copy(update={
+    record = client.store.snapshot(run.run_id).record("grind").model_copy(update={
         "status": TaskStatus.ACTIVE, "phase": Phase.CHECK, "slot": Slot.QUEUED, "round": 3, "token": 100,
         "error": None})
-    probe.hset(k.RunKeys.of(run.run_id).tasks, "grind", record.dump())
-    probe.hset(k.RunKeys.of(run.run_id).run, "status", "running")
+    probe.hset(k.RunKeys.of(run.run_id).run, mapping={k.task_field("grind"): record.dump(), k.F_STATUS: "running",
+                                                      k.F_OPEN: "1", k.F_ACTIVE: "1"})
     before = len(recorded(probe, run.run_id, "where"))
     send_phase(client.app, flows.spread, run.run_id, Dispatch("grind", Phase.CHECK, 3, 100))
     deadline = time.monotonic() + 20
@@ -118,8 +117,9 @@ def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
     run = client.start(flows.core, input={})
     time.sleep(0.5)
     assert client.inspect(run.run_id).tasks["source"].status == "active"
+    monkeypatch.undo()
     # When a reconcile pass runs after the queued lease (300 s by default) has expired
-    report = reconcile(client.store, settings(), lambda wf, rid, d: send_phase(client.app, wf, rid, d),
+    report = reconcile(client.store, settings(), PhaseSender(client.app),
                        now=time.time() + settings().queued_lease_s + 1)
     # Then it re-sends the phase with a new token and the run finishes
     assert report.redispatched >= 1
@@ -149,8 +149,7 @@ def test_several_reconcilers_at_once_redispatch_a_phase_once(client, monkeypatch
 
     def one_pass() -> None:
         barrier.wait()
-        reports.append(reconcile(client.store, settings(),
-                                 lambda wf, rid, d: send_phase(client.app, wf, rid, d), now=later))
+        reports.append(reconcile(client.store, settings(), PhaseSender(client.app), now=later))
 
     threads = [threading.Thread(target=one_pass) for _ in range(4)]
     for thread in threads:

@@ -63,6 +63,7 @@ RECORDS: dict[State, list[tuple[str, TaskRecord]]] = {
         ("loop", TaskRecord(key="fix", kind="loop", limit=3, token=1)),
         ("task", TaskRecord(key="fix", kind="task", limit=2, token=1)),
         ("gate", TaskRecord(key="fix", kind="gate", token=1)),
+        ("loop-blocked", TaskRecord(key="fix", kind="loop", limit=3, token=1, waiting_on=2)),
     ],
     State.QUEUED_ATTEMPT: [("loop", active("loop", Phase.ATTEMPT, Slot.QUEUED))],
     State.RUNNING_ATTEMPT: [("loop", active("loop", Phase.ATTEMPT, Slot.RUNNING))],
@@ -144,10 +145,22 @@ def event_for(record: TaskRecord, kind: EventKind) -> PhaseEvent:
     return event(kind)
 
 
+def refused_by_its_payload(record: TaskRecord, kind: EventKind) -> bool:
+    """Listed pairs that the record's own counts refuse: a task activates only once it waits for
+    nothing, and DEP_DONE needs a dependency still waited for."""
+    return (kind is EventKind.ACTIVATE and record.waiting_on > 0) or (kind is EventKind.DEP_DONE
+                                                                       and record.waiting_on == 0)
+
+
 @pytest.mark.parametrize(("record", "kind"), CASES)
 def test_every_state_and_event_pair(record: TaskRecord, kind: EventKind) -> None:
     before = record.dump()
     allowed = TABLE.get((record.state, kind))
+    if allowed is not None and refused_by_its_payload(record, kind):
+        with pytest.raises(IllegalTransition, match="dependenc"):
+            advance(record, event(kind))
+        assert record.dump() == before
+        return
     if allowed is None:
         with pytest.raises(IllegalTransition, match=f"event '{kind.value}' is not allowed"):
             advance(record, event(kind))
@@ -164,7 +177,7 @@ def test_the_representative_records_reach_every_target_of_the_table() -> None:
     reached: dict[tuple[State, EventKind], set[State]] = {}
     for records in RECORDS.values():
         for (_, record), kind in itertools.product(records, EventKind):
-            if (record.state, kind) in TABLE:
+            if (record.state, kind) in TABLE and not refused_by_its_payload(record, kind):
                 reached.setdefault((record.state, kind), set()).add(advance(record, event_for(record, kind)).state)
     # ACTIVATE: loop, plain and gate; REJECT: next round and exhausted; RESUME: every phase.
     assert reached == {pair: set(targets) for pair, targets in TABLE.items()}
@@ -181,6 +194,18 @@ def test_activate_queues_round_one_or_pauses_a_gate() -> None:
     gate = advance(RECORDS[State.WAITING][2][1], event(EventKind.ACTIVATE))
     assert gate.state is State.PAUSED
     assert gate.status is TaskStatus.PAUSED
+
+
+def test_a_task_activates_once_each_dependency_is_done() -> None:
+    blocked = RECORDS[State.WAITING][3][1]
+    with pytest.raises(IllegalTransition, match="still waits for 2 dependencies"):
+        advance(blocked, event(EventKind.ACTIVATE))
+    one = advance(blocked, event(EventKind.DEP_DONE))
+    ready = advance(one, event(EventKind.DEP_DONE))
+    assert (one.waiting_on, ready.waiting_on, ready.state, ready.token) == (1, 0, State.WAITING, blocked.token + 2)
+    assert advance(ready, event(EventKind.ACTIVATE)).state is State.QUEUED_ATTEMPT
+    with pytest.raises(IllegalTransition, match="waits for no dependency"):
+        advance(ready, event(EventKind.DEP_DONE))
 
 
 def test_reject_below_the_limit_queues_the_next_round() -> None:
@@ -445,7 +470,8 @@ class LoopRecordMachine(RuleBasedStateMachine):
             ) or (
                 kind is EventKind.SUCCEED
                 and (before.slot is Slot.QUEUED) is not (ev.cache_hit and fresh)
-            ) or (kind is EventKind.SKIP and before.slot is Slot.QUEUED and not fresh)
+            ) or (kind is EventKind.SKIP and before.slot is Slot.QUEUED and not fresh
+                  ) or refused_by_its_payload(before, kind)
             return
         assert in_table, f"{kind} was accepted in {before.state}"
         assert before.state not in TERMINAL_NO_EVENTS

@@ -1,11 +1,16 @@
-"""The scheduler's planning, on snapshots built in memory (pure logic, no Redis)."""
+"""The scheduler's planning over an in-memory run (pure logic, no Redis): what a decision reads,
+what it guards, how it settles the graph along its edges, and how the run ends."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 import taskloop as tl
 from taskloop.config import Settings
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, TaskRecord, advance
-from taskloop.scheduler import Planner, initial_records
+from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, advance
+from taskloop.scheduler import Planner, initial_record, prepared_begin
 from taskloop.store import Snapshot
 from taskloop.store import keys as k
 
@@ -13,148 +18,209 @@ SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 1000.0
 
 
-def _flow(stop_on_error: bool = True) -> tl.Workflow:
+def _flow(stop_on_error: bool = True, name: str = "plan-test") -> tl.Workflow:
     a = tl.define_task("a", run=lambda ctx: 1)
     b = tl.define_loop_task("b", max_rounds=2, attempt=lambda c, f: 1, check=lambda c, x: tl.LoopCheck(done=True),
                             after=[a])
     c = tl.define_task("c", run=lambda ctx: 3, after=[b])
     d = tl.define_task("d", run=lambda ctx: 4)
-    return tl.define_workflow("plan-test", version="1", tasks=[a, b, c, d], stop_on_error=stop_on_error)
+    return tl.define_workflow(name, version="1", tasks=[a, b, c, d], stop_on_error=stop_on_error)
 
 
-def _snapshot(records: dict[str, TaskRecord], run: dict[str, str] | None = None) -> Snapshot:
-    return Snapshot("r1", run or {"wf": "plan-test", "ver": "1", "status": "running"},
-                    {key: rec.dump() for key, rec in records.items()})
+class Run:
+    """A run hash in memory, with a loader that logs which fields each decision read."""
+
+    def __init__(self, wf: tl.Workflow, **meta: str) -> None:
+        self.fields: dict[str, str] = {k.F_WORKFLOW: wf.name, k.F_VERSION: wf.version, k.F_STATUS: "running", **meta}
+        self.records = {task.key: initial_record(task) for task in wf.tasks}
+        self.reads: list[str] = []
+
+    def step(self, key: str, *kinds: EventKind) -> Run:
+        for kind in kinds:
+            self.records[key] = advance(self.records[key], PhaseEvent(kind, NOW))
+        return self
+
+    def snapshot(self, *fields: str) -> Snapshot:
+        def load(names: list[str]) -> list[str | None]:
+            self.reads += names
+            return [self._get(name) for name in names]
+        snap = Snapshot("r1", loader=load)
+        snap.ensure(fields)
+        self.reads.clear()
+        return snap
+
+    def _get(self, name: str) -> str | None:
+        if name.startswith(k.TASK_PREFIX):
+            record = self.records.get(k.key_of_task_field(name))
+            return record.dump() if record else None
+        return self.fields.get(name)
 
 
-def _run(records: dict[str, TaskRecord], key: str, kinds: list[EventKind]) -> dict[str, TaskRecord]:
-    for kind in kinds:
-        records[key] = advance(records[key], PhaseEvent(kind, NOW))
-    return records
+def guarded(planner: Planner) -> set[str]:
+    return {g[1] for g in planner.batch().guards}
 
 
-def test_new_run_activates_only_roots() -> None:
+def test_new_run_activates_only_roots_and_counts_its_tasks() -> None:
     wf = _flow()
-    planner = Planner.for_new_run(wf, "r1", NOW, SETTINGS)
-    planner.settle()
+    planner = Planner.start_run(wf, "r1", "{}", "digest", NOW, SETTINGS)
     states = {key: rec.state for key, rec in planner.tasks.items()}
     assert states == {"a": State.QUEUED_RUN, "b": State.WAITING, "c": State.WAITING, "d": State.QUEUED_RUN}
+    assert planner.tasks["b"].waiting_on == 1
     assert sorted((d.key, d.phase) for d in planner.dispatches) == [("a", Phase.RUN), ("d", Phase.RUN)]
-    assert planner.run_updates["status"] == "running"
     batch = planner.batch()
-    # every record is written, none may exist yet
-    assert [g[0] for g in batch.guards].count("nx") == 5  # four tasks + the control flag
-    assert set(planner.leases) == {"a", "d"}
+    assert [(g[0], g[1]) for g in batch.guards] == [("nx", k.F_WORKFLOW), ("nx", k.F_CONTROL)]
+    assert batch.hset[k.F_OPEN] == "4" and batch.hset[k.F_ACTIVE] == "2" and batch.hset[k.F_PAUSED] == "0"
+    assert set(batch.leases) == {"a", "d"}
+    assert k.begin_field("a") in batch.hset  # the first phases are prepared for begin.lua
 
 
-def test_finishing_a_task_activates_its_dependents_and_guards_the_whole_graph() -> None:
+def test_finishing_a_task_reads_and_guards_only_its_dependents() -> None:
     wf = _flow()
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE, EventKind.BEGIN])
-    records = _run(records, "d", [EventKind.ACTIVATE])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("a", PhaseEvent(EventKind.SUCCEED, NOW))
-    planner.settle()
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE)
+    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("a", PhaseEvent(EventKind.SUCCEED, NOW))
     assert planner.tasks["b"].state is State.QUEUED_ATTEMPT and planner.tasks["b"].round == 1
     assert [(d.key, d.phase, d.round) for d in planner.dispatches] == [("b", Phase.ATTEMPT, 1)]
-    guarded = [g[2] for g in planner.batch().guards if g[1] == k.K_TASKS]
-    assert sorted(guarded) == ["a", "b", "c", "d"]
+    # it read its dependent and the run's outcome fields; never d or c
+    assert k.task_field("d") not in run.reads and k.task_field("c") not in run.reads
+    assert guarded(planner) == {k.task_field("a"), k.task_field("b"), k.F_CONTROL,
+                                k.F_TERMINATION, k.F_REJECTED, k.F_STATUS}
     phase_events = [(e.key, e.round, e.phase) for e in planner.events if e.type == "phase"]
     assert phase_events == [("b", 1, "attempt")]
 
 
-def test_a_loop_round_only_guards_its_own_record() -> None:
+def test_a_loop_round_only_reads_and_guards_its_own_record() -> None:
     wf = _flow()
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED])
-    records = _run(records, "d", [EventKind.ACTIVATE, EventKind.BEGIN])
-    records = _run(records, "b", [EventKind.ACTIVATE, EventKind.BEGIN])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("b", PhaseEvent(EventKind.CANDIDATE, NOW))
-    planner.settle()
-    guards = planner.batch().guards
-    assert [g[2] for g in guards if g[1] == k.K_TASKS] == ["b"]
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
+    run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("b"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, NOW))
+    assert run.reads == []
+    assert guarded(planner) == {k.task_field("b"), k.F_CONTROL}
     assert [(d.key, d.phase) for d in planner.dispatches] == [("b", Phase.CHECK)]
 
 
-def test_failure_with_stop_on_error_skips_waiting_and_cancels_queued() -> None:
+def test_the_cost_of_a_phase_does_not_grow_with_its_run() -> None:
+    # a run of 5,000 independent tasks: finishing one reads and writes only its own record
+    tasks = [tl.define_task(f"t{i}", run=lambda ctx: 1) for i in range(5000)]
+    wf = tl.define_workflow("wide-plan", version="1", tasks=tasks)
+    run = Run(wf).step("t7", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("t7"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("t7", PhaseEvent(EventKind.SUCCEED, NOW))
+    batch = planner.batch()
+    assert set(run.reads) <= {k.F_TERMINATION, k.F_REJECTED, k.F_STATUS}
+    assert [name for name in batch.hset if name.startswith(k.TASK_PREFIX)] == [k.task_field("t7")]
+    assert batch.open_delta == -1  # the run ends if this was the last open task (cas.lua decides)
+
+
+def test_failure_with_stop_on_error_stops_the_run_and_skips_its_dependents() -> None:
     wf = _flow(stop_on_error=True)
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE, EventKind.BEGIN])
-    records = _run(records, "d", [EventKind.ACTIVATE])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("a", PhaseEvent(EventKind.FAIL, NOW, error=None))
-    planner.settle()
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE)
+    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW, error=ErrorRecord(type="KeyError", message="x")))
     assert {key: rec.state for key, rec in planner.tasks.items()} == {
-        "a": State.FAILED, "b": State.SKIPPED, "c": State.SKIPPED, "d": State.CANCELLED}
-    assert planner.run_updates["ctl"] == "stop:failed"
-    assert planner.run_updates["status"] == "failed" and planner.run_updates["term"] == "failed"
-    assert planner.finished and planner.dispatches == []
-    assert planner.events[-1].type == "run.finished"
+        "a": State.FAILED, "b": State.SKIPPED, "c": State.SKIPPED}
+    assert planner.tasks["b"].reason == "stopped"
+    assert planner.run_updates[k.F_CONTROL] == "stop:failed" and planner.run_updates[k.F_TERMINATION] == "failed"
+    assert planner.dispatches == []
+    # d is not touched here: its worker sees the control flag and records it cancelled
+    batch = planner.batch()
+    assert batch.open_delta == -3 and batch.final.hset[k.F_STATUS] == "failed"
 
 
 def test_failure_without_stop_on_error_lets_other_branches_run() -> None:
     wf = _flow(stop_on_error=False)
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE, EventKind.BEGIN])
-    records = _run(records, "d", [EventKind.ACTIVATE, EventKind.BEGIN])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("a", PhaseEvent(EventKind.FAIL, NOW))
-    planner.settle()
-    assert planner.tasks["b"].state is State.SKIPPED and planner.tasks["c"].state is State.SKIPPED
-    assert planner.tasks["d"].state is State.RUNNING_RUN
-    assert "ctl" not in planner.run_updates and not planner.finished
-    assert planner.run_updates["term"] == "failed"
-
-
-def test_running_phase_survives_a_stop_until_it_reports() -> None:
-    wf = _flow(stop_on_error=True)
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE, EventKind.BEGIN])
-    records = _run(records, "d", [EventKind.ACTIVATE, EventKind.BEGIN])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("a", PhaseEvent(EventKind.FAIL, NOW))
-    planner.settle()
-    assert planner.tasks["d"].state is State.RUNNING_RUN  # it sees ctx.signal, records its own end
-    assert not planner.finished and planner.status == "running"
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW))
+    assert planner.tasks["b"].state is State.SKIPPED and planner.tasks["b"].reason == "dependency"
+    assert planner.tasks["c"].state is State.SKIPPED
+    assert k.F_CONTROL not in planner.run_updates
+    assert planner.run_updates[k.F_TERMINATION] == "failed"
 
 
 def test_budget_failure_stops_even_without_stop_on_error() -> None:
     wf = _flow(stop_on_error=False)
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE])
-    records = _run(records, "d", [EventKind.ACTIVATE])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
+    run = Run(wf).step("a", EventKind.ACTIVATE).step("d", EventKind.ACTIVATE)
+    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
     error = ErrorRecord(type="WorkflowBudgetExceeded", message="spent")
-    planner.move("a", PhaseEvent(EventKind.FAIL, NOW, error=error))
-    planner.settle()
-    assert planner.run_updates["ctl"] == "stop:limit"
-    assert planner.tasks["d"].state is State.CANCELLED
-    assert planner.run_updates["term"] == "limit" and planner.run_updates["status"] == "failed"
+    planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW, error=error))
+    assert planner.run_updates[k.F_CONTROL] == "stop:limit"
+    assert planner.run_updates[k.F_TERMINATION] == "limit"
+    assert planner.batch().final.hset[k.F_TERMINATION] == "limit"
 
 
-def test_cancel_finishes_at_once_when_nothing_runs() -> None:
+def test_a_cancelled_run_cancels_what_would_have_started() -> None:
     wf = _flow()
-    records = _run(initial_records(wf), "a", [EventKind.ACTIVATE])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.control = "cancel:user"
-    planner.guard_all = True
-    planner.settle()
-    assert {rec.state for rec in planner.tasks.values()} == {State.CANCELLED}
-    assert planner.run_updates["status"] == "cancelled" and planner.run_updates["term"] == "aborted"
+    run = Run(wf, **{k.F_CONTROL: "cancel:user"}).step("a", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("a", PhaseEvent(EventKind.CANCEL, NOW, reason="cancelled"))
+    assert planner.tasks["b"].state is State.CANCELLED and planner.tasks["c"].state is State.CANCELLED
+    final = planner.batch().final
+    assert (final.hset[k.F_STATUS], final.hset[k.F_TERMINATION]) == ("cancelled", "aborted")
 
 
-def test_last_terminal_task_finishes_the_run_with_its_retention_ttl() -> None:
+def test_the_last_terminal_task_carries_the_writes_that_end_the_run() -> None:
     wf = _flow()
-    records = initial_records(wf)
+    run = Run(wf)
     for key in ("a", "d"):
-        records = _run(records, key, [EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED])
-    records = _run(records, "b", [EventKind.ACTIVATE, EventKind.BEGIN, EventKind.CANDIDATE, EventKind.BEGIN])
-    # accepting b activates c: the run goes on
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("b", PhaseEvent(EventKind.ACCEPT, NOW))
-    planner.settle()
-    assert planner.tasks["c"].state is State.QUEUED_RUN and not planner.finished
-    assert "expire" not in [w[0] for w in planner.batch().writes]
-    # c finishing is the last terminal transition: status done, the run's keys get the retention TTL
-    records = _run(dict(planner.tasks), "c", [EventKind.BEGIN])
-    planner = Planner(wf, _snapshot(records), NOW, SETTINGS)
-    planner.move("c", PhaseEvent(EventKind.SUCCEED, NOW))
-    planner.settle()
-    assert planner.finished and planner.status == "done"
-    expired = [(w[1], w[2]) for w in planner.batch().writes if w[0] == "expire"]
-    assert expired == [(index, SETTINGS.retention_s) for index in k.RUN_SCOPED]
+        run.step(key, EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
+    run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE, EventKind.BEGIN, EventKind.CANDIDATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("b"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("b", PhaseEvent(EventKind.ACCEPT, NOW))
+    assert planner.tasks["c"].state is State.QUEUED_RUN
+    batch = planner.batch()
+    final = batch.final
+    assert batch.open_delta == -1
+    assert final.hset[k.F_STATUS] == "done" and final.ttl == SETTINGS.retention_s
+    assert final.end_marker == "done" and [e.type for e in final.events] == ["run.finished"]
+
+
+def test_a_run_that_already_ended_is_never_finished_twice() -> None:
+    wf = _flow()
+    run = Run(wf, **{k.F_STATUS: "failed", k.F_CONTROL: "stop:failed"}).step("d", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(k.task_field("d"), k.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("d", PhaseEvent(EventKind.CANCEL, NOW, reason="stopped"))
+    batch = planner.batch()
+    assert batch.open_delta == -1 and batch.final.program() == {}
+
+
+def test_prepared_begin_leaves_worker_time_and_deadline_to_begin_lua() -> None:
+    wf = tl.define_workflow("prep-test", version="1", tasks=[
+        tl.define_loop_task("x", max_rounds=3, attempt=lambda c, f: 1, check=lambda c, v: tl.LoopCheck(done=True),
+                            timeout_ms=1500),
+        tl.define_task("y", run=lambda ctx: 1, after=["x"]),
+    ])
+    queued = advance(initial_record(wf.by_key["x"]), PhaseEvent(EventKind.ACTIVATE, NOW))
+    prepared = json.loads(prepared_begin(wf, queued, queued.dump(), SETTINGS) or "{}")
+    assert prepared["tok"] == queued.token and prepared["ph"] == "attempt" and prepared["cons"] == 1
+    assert prepared["tmo"] == 1.5 and prepared["dl"] is None  # a new round: begin.lua sets the deadline
+    assert prepared["rd"] == []  # an attempt cannot end the task: nothing to read for its outcome
+    assert '"worker"' not in prepared["rec"] and not prepared["rec"].endswith("}")
+    running = advance(queued, PhaseEvent(EventKind.BEGIN, NOW, timeout_ms=1500))
+    check = advance(running, PhaseEvent(EventKind.CANDIDATE, NOW))
+    prepared = json.loads(prepared_begin(wf, check, check.dump(), SETTINGS) or "{}")
+    assert prepared["dl"] == NOW + 1.5 and prepared["tmo"] is None  # the check keeps its round's deadline
+    assert prepared["rd"] == [k.task_field("y"), k.F_TERMINATION, k.F_REJECTED, k.F_STATUS]
+
+
+def test_resume_recounts_what_a_reopened_task_waits_for() -> None:
+    wf = _flow(stop_on_error=True)
+    run = Run(wf, **{k.F_STATUS: "failed", k.F_TERMINATION: "failed", k.F_CONTROL: "stop:failed"})
+    run.step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.FAIL)
+    run.step("b", EventKind.SKIP).step("c", EventKind.SKIP)
+    run.step("d", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
+    planner = Planner(wf, run.snapshot(k.F_CONTROL), NOW, SETTINGS)
+    planner.resume({"a"})
+    assert planner.tasks["a"].state is State.QUEUED_RUN
+    assert (planner.tasks["b"].state, planner.tasks["b"].waiting_on) == (State.WAITING, 1)
+    assert planner.tasks["d"].state is State.DONE
+    batch = planner.batch()
+    assert batch.hincr[k.F_OPEN] == 3 and k.F_CONTROL in batch.hdel and batch.revive
+
+
+def test_records_from_a_snapshot_that_does_not_parse_are_refused() -> None:
+    snap = Snapshot("r1", {k.task_field("a"): '{"key": "a", "kind": "task", "status": "exploded"}'})
+    with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
+        snap.record("a")
+

@@ -1,62 +1,78 @@
--- cas.lua: the one compare-and-set primitive of taskloop (a guarded batch write).
+-- cas.lua: the one compare-and-set primitive of taskloop (a guarded batch write on one run).
 --
--- KEYS: every key the batch may touch; operations refer to them by 1-based index. For a run:
---   [1] run HASH  [2] tasks HASH  [3] data HASH  [4] events STREAM
---   [5] leases ZSET  [6] runs index ZSET  [7] stats HASH  [8] end LIST
--- ARGV[1]: the batch as JSON (one string, decoded here with cjson): {"g": [guards], "w": [writes]}.
--- Guards, all evaluated before any write; the first one that fails aborts the whole batch:
---   ["eq", k, field, value]      HGET KEYS[k] field must equal value
---   ["nx", k, field]             HGET KEYS[k] field must be absent
---   ["cap", k, field, limit, add]  (HGET KEYS[k] field or 0) + add must be <= limit
--- Writes:
---   ["hset", k, field, value] | ["hdel", k, field] | ["hincr", k, field, n]
---   ["xadd", k, f1, v1, ..., fn, vn]  (appends to the stream, auto id) | ["rpush", k, value]
---   ["zadd", k, score, member] | ["zrem", k, member] | ["expire", k, seconds] | ["persist", k] | ["del", k]
--- Returns {1} when every guard held and every write was applied,
---         {0, i, current} when guard number i failed (current = the field's value or false).
--- Values that must stay exact (records, JSON payloads) are JSON strings; numbers are only
--- scores, counters and TTLs.
+-- KEYS: [1] run HASH  [2] events STREAM  [3] end LIST  [4] leases ZSET   (all of one run: one slot)
+-- ARGV: [1] the batch as JSON (decoded here with cjson)  [2] MAXLEN of the events stream (approximate)
+--
+-- The batch: {"g": guards, "w": writes, "z": {"n": delta, "w": writes}}
+-- Guards (fields of the run hash, read with one HMGET; the first that fails aborts everything):
+--   ["eq", field, value]  equal   | ["nx", field]  absent   | ["ex", field]  present
+--   ["in", field, [v...]] one of   | ["cap", field, limit, add]  (value or 0) + add <= limit
+-- Writes (each part optional):
+--   "h": [f1, v1, f2, v2, ...] HSET   "d": [f...] HDEL   "i": [[f, n]...] HINCRBY
+--   "x": [[f1, v1, ...]...] XADD events (one entry each)   "l": [score, member, ...] ZADD leases
+--   "r": [member...] ZREM leases   "e": value RPUSH end   "t": seconds EXPIRE every key
+--   "p": true PERSIST every key and DEL end (a resumed run is live again)
+-- "z" (optional): HINCRBY run field n:open by z.n, then apply z.w if it reached 0: the writes
+-- that finish the run, prepared by the scheduler, applied by whichever write ends the last task.
+-- Returns {1, open} (open: the new n:open, or false without "z"), or {0, i, current} when guard i
+-- failed (current: the field's value, or false).
 
+local run, events, endlist, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local batch = cjson.decode(ARGV[1])
+local maxlen = ARGV[2]
+local CHUNK = 500  -- unpack() has a limit: large writes go in slices
 
-for g, guard in ipairs(batch.g) do
-  local op, key = guard[1], KEYS[guard[2]]
-  local current = redis.call('HGET', key, guard[3])
-  if op == 'eq' then
-    if current ~= guard[4] then return {0, g, current} end
-  elseif op == 'nx' then
-    if current then return {0, g, current} end
-  elseif op == 'cap' then
-    if (tonumber(current) or 0) + guard[5] > guard[4] then return {0, g, current} end
-  else
-    return redis.error_reply('cas.lua: unknown guard ' .. tostring(op))
+local function chunked(cmd, key, list, step)
+  for i = 1, #list, step do
+    redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
   end
 end
 
-for _, write in ipairs(batch.w) do
-  local op, key = write[1], KEYS[write[2]]
-  if op == 'hset' then
-    redis.call('HSET', key, write[3], write[4])
-  elseif op == 'hdel' then
-    redis.call('HDEL', key, write[3])
-  elseif op == 'hincr' then
-    redis.call('HINCRBY', key, write[3], write[4])
-  elseif op == 'xadd' then
-    redis.call('XADD', key, '*', unpack(write, 3))
-  elseif op == 'rpush' then
-    redis.call('RPUSH', key, write[3])
-  elseif op == 'zadd' then
-    redis.call('ZADD', key, write[3], write[4])
-  elseif op == 'zrem' then
-    redis.call('ZREM', key, write[3])
-  elseif op == 'expire' then
-    redis.call('EXPIRE', key, write[3])
-  elseif op == 'persist' then
-    redis.call('PERSIST', key)
-  elseif op == 'del' then
-    redis.call('DEL', key)
-  else
-    return redis.error_reply('cas.lua: unknown write ' .. tostring(op))
+local guards = batch.g or {}
+if #guards > 0 then
+  local fields = {}
+  for i, guard in ipairs(guards) do fields[i] = guard[2] end
+  local current = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', run, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j, value in ipairs(part) do current[i + j - 1] = value end
+  end
+  for i, guard in ipairs(guards) do
+    local op, value = guard[1], current[i]
+    local ok
+    if op == 'eq' then ok = value == guard[3]
+    elseif op == 'nx' then ok = not value
+    elseif op == 'ex' then ok = value ~= false and value ~= nil
+    elseif op == 'in' then
+      ok = false
+      for _, allowed in ipairs(guard[3]) do if value == allowed then ok = true end end
+    elseif op == 'cap' then ok = (tonumber(value) or 0) + guard[4] <= guard[3]
+    else return redis.error_reply('cas.lua: unknown guard ' .. tostring(op)) end
+    if not ok then return {0, i, value} end
   end
 end
-return {1}
+
+local function apply(w)
+  if w.h and #w.h > 0 then chunked('HSET', run, w.h, 2 * CHUNK) end
+  if w.d and #w.d > 0 then chunked('HDEL', run, w.d, CHUNK) end
+  for _, inc in ipairs(w.i or {}) do redis.call('HINCRBY', run, inc[1], inc[2]) end
+  for _, entry in ipairs(w.x or {}) do redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(entry)) end
+  if w.l and #w.l > 0 then chunked('ZADD', leases, w.l, 2 * CHUNK) end
+  if w.r and #w.r > 0 then chunked('ZREM', leases, w.r, CHUNK) end
+  if w.e then redis.call('RPUSH', endlist, w.e) end
+  if w.p then
+    redis.call('DEL', endlist)
+    for _, key in ipairs(KEYS) do redis.call('PERSIST', key) end
+  end
+  if w.t then
+    for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, w.t) end
+  end
+end
+
+apply(batch.w or {})
+local open = false
+if batch.z then
+  open = redis.call('HINCRBY', run, 'n:open', batch.z.n)
+  if open == 0 then apply(batch.z.w) end
+end
+return {1, open}

@@ -7,38 +7,26 @@ import inspect
 import json
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from taskloop.context import LoopContext, Signal, TaskContext
 from taskloop.definitions import Task, Workflow
-from taskloop.errors import Cancelled
+from taskloop.errors import Cancelled, InvalidOutput
 from taskloop.jsonvalue import dumps, lossless_problem
 from taskloop.options import LoopCheck
 from taskloop.phases import ErrorRecord, EventKind, Phase, TaskRecord
-from taskloop.store import Batch, RedisStore, Snapshot
+from taskloop.store import Applied, Batch, RedisStore, Snapshot
 from taskloop.store import keys as k
+from taskloop.worker.outcomes import Outcome
 
 JSON_FIX = "return None, bool, int, finite float, str, list or dict with str keys"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a callback produced: the event to apply plus the data to record with it."""
-
-    kind: EventKind
-    data: dict[str, str] = field(default_factory=dict)
-    error: ErrorRecord | None = None
-    exception: BaseException | None = None
-    feedback: str | None = None
-    cancelled: bool = False
-    retry_at: float | None = None  # RETRY: when the next try is due (epoch seconds)
-    cache_hit: bool = False  # SUCCEED restored from the cache
-    reason: str | None = None  # SKIP / CANCEL: why
+TRACEBACK_LIMIT = 8_000  # characters of a recorded traceback (its last frames are kept)
 
 
 def error_record(exc: BaseException, **details: Any) -> ErrorRecord:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > TRACEBACK_LIMIT:
+        tb = "...\n" + tb[-TRACEBACK_LIMIT:]
     return ErrorRecord(type=type(exc).__name__, message=str(exc), details={"traceback": tb, **details})
 
 
@@ -67,27 +55,24 @@ class Usage:
         self.store.incr_usage(self.run_id, counts)
 
     def report_once(self, receipt: str, counts: dict[str, int]) -> bool:
-        batch = Batch(self.run_id).expect(k.K_DATA, k.receipt_field(receipt), None, "receipt")
-        batch.hset(k.K_DATA, k.receipt_field(receipt), "1")
+        batch = Batch(self.run_id).expect(k.receipt_field(receipt), None, "receipt")
+        batch.set(k.receipt_field(receipt), "1")
         for name, amount in counts.items():
-            batch.hincr(k.K_RUN, f"u:{name}", amount)
-        return self.store.apply(batch) is None
+            batch.incr(k.usage_field(name), amount)
+        return isinstance(self.store.apply(batch), Applied)
 
 
 def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
                   signal: Signal, phase: Phase | None) -> TaskContext:
-    """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0)."""
-    values: dict[str, Any] = {}
+    """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0).
+    The run input and dependency values are read when the callback first asks for them."""
 
     def load_value(dep: str) -> Any:
-        if not values:
-            raws = store.data(snap.run_id, [k.value_field(d) for d in task.after])
-            values.update({d: json.loads(raw) if raw is not None else None
-                           for d, raw in zip(task.after, raws, strict=True)})
-        return values[dep]
+        snap.ensure([k.value_field(d) for d in task.after])
+        return snap.json(k.value_field(dep))
 
     common: dict[str, Any] = dict(
-        run_id=snap.run_id, workflow=workflow.name, key=task.key, input=json.loads(snap.run["input"]),
+        run_id=snap.run_id, workflow=workflow.name, key=task.key, load_input=lambda: snap.json(k.F_INPUT),
         signal=signal, after=task.after, load_value=load_value, usage=Usage(store, snap.run_id),
     )
     if phase is None:
@@ -99,10 +84,19 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
     return TaskContext(attempt=record.attempts, idempotency_key=idempotency_key, **common)
 
 
+def phase_fields(phase: Phase, key: str, round: int) -> list[str]:
+    """The data a phase's callback takes as an argument (read together with its record)."""
+    if phase is Phase.CHECK:
+        return [k.candidate_field(key, round)]
+    if phase is Phase.ATTEMPT and round > 1:
+        return [k.check_field(key, round - 1)]
+    return []
+
+
 def non_json(problem: str, task: Task, round: int) -> Outcome:
     where = f" round {round}" if task.is_loop else ""
     message = f"outputs must be lossless JSON values: {problem} (task {task.key}{where}); {JSON_FIX}"
-    return Outcome(EventKind.FAIL, error=ErrorRecord(type="InvalidOutput", message=message))
+    return Outcome(EventKind.FAIL, error=ErrorRecord(type=InvalidOutput.__name__, message=message))
 
 
 def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Outcome:
@@ -111,7 +105,7 @@ def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Ou
     try:
         if phase is Phase.CHECK:
             assert task.check is not None
-            raw = snap.data[k.candidate_field(key, round)]
+            raw = snap.get(k.candidate_field(key, round))
             check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
             check_raw = dumps(check.model_dump())
             if check.done:
@@ -120,7 +114,7 @@ def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Ou
             return Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
         if phase is Phase.ATTEMPT:
             assert task.attempt is not None
-            previous = snap.data.get(k.check_field(key, round - 1)) if round > 1 else None
+            previous = snap.get(k.check_field(key, round - 1)) if round > 1 else None
             feedback = json.loads(previous)["feedback"] if previous else None
             result = invoke(task.attempt, ctx, feedback)
             kind, field_name = EventKind.CANDIDATE, k.candidate_field(key, round)

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from taskloop import events as ev
-from taskloop.callbacks import error_record, invoke
 from taskloop.context import TaskContext
+from taskloop.errors import InvalidCacheKey
 from taskloop.events import Event
 from taskloop.jsonvalue import canonical, dumps, lossless_problem
 from taskloop.options import Cache
 from taskloop.phases import ErrorRecord
 from taskloop.store import RedisStore
 from taskloop.store import keys as k
+from taskloop.worker.callbacks import error_record, invoke
 
 log = logging.getLogger("taskloop.cache")
 
@@ -86,7 +87,7 @@ def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: Cach
     problem = lossless_problem(key)
     if problem is not None:
         message = f"cache key of task {task} must be lossless JSON values: {problem}; return a str, int, list or dict"
-        return Lookup(error=ErrorRecord(type="InvalidCacheKey", message=message))
+        return Lookup(error=ErrorRecord(type=InvalidCacheKey.__name__, message=message))
     found = Lookup(fingerprint(workflow, task, cache.version, key))
     assert found.fingerprint is not None
     short = found.fingerprint[:16]

@@ -26,8 +26,10 @@ from taskloop import clock
 from taskloop.config import Settings
 from taskloop.context import Signal
 from taskloop.errors import StoreUnavailable
+from taskloop.phases import lease_until
 from taskloop.scheduler import control_reason
-from taskloop.store import Batch, RedisStore
+from taskloop.store import Batch, Conflict, RedisStore
+from taskloop.store import keys as k
 
 log = logging.getLogger("taskloop.watcher")
 
@@ -102,15 +104,15 @@ class Watcher:
             watch.signal.set("timeout")
         if now - watch.polled_at >= self.settings.watch_interval_s:
             watch.polled_at = now
-            (control,) = self.store.run_fields(watch.run_id, "ctl")
+            (control,) = self.store.hmget(watch.run_id, [k.F_CONTROL])
             reason = control_reason(control)
             if reason is not None:
                 watch.signal.set(reason)
         lease = self.settings.running_lease_s
         if now - watch.renewed_at >= lease / 3:
-            until = max(now + lease, (watch.deadline or now) + self.settings.timeout_grace_s + 1.0)
-            batch = Batch(watch.run_id).expect_task(watch.key, watch.raw_record).lease(watch.key, until)
-            if self.store.apply(batch) is not None:
+            until = lease_until(now, watch.deadline, lease, self.settings.timeout_grace_s)
+            batch = Batch(watch.run_id).expect(k.task_field(watch.key), watch.raw_record).lease(watch.key, until)
+            if isinstance(self.store.apply(batch), Conflict):
                 watch.signal.set("superseded")
             watch.renewed_at = now
         if watch.overran or not watch.signal.cancelled or watch.signal.reason == "superseded":

@@ -1,0 +1,433 @@
+"""Executes one phase message on a worker: begin, call, record. It sequences the other worker
+modules; the rules live in them (outcomes.py, recovery.py, cache.py, scheduler.py).
+
+1. **Begin** (one call, begin.lua): when the scheduler prepared this phase, the record moves to
+   running, an attempt is counted and a lease taken, and the fields the callback needs come back.
+2. Otherwise the **full path** decides on what begin.lua read: a stale or duplicated message is
+   refused; a redelivery whose execution was lost is replayed (recovery.py); a run whose
+   definition is not available here is aborted; on the first execution of an activation the
+   condition and the cache are consulted; a cancelled run cancels the phase; then a guarded
+   write admits the phase against the budget and begins it.
+3. **Call** the callback while the watcher sets ``ctx.signal`` (cancel, stop, deadline) and,
+   past the grace period, records the outcome itself and stops the process.
+4. **Record** (one call, cas.lua): the outcome as resolved by outcomes.py, with everything the
+   scheduler decides from it; then send the messages it dispatched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as signals
+from dataclasses import dataclass
+from enum import Enum
+
+from taskloop import clock
+from taskloop.commit import Committed, Sender, commit
+from taskloop.config import Settings
+from taskloop.context import Signal
+from taskloop.definitions import REGISTRY, Task, Workflow
+from taskloop.errors import (
+    CorruptRecord,
+    IncompatibleDefinition,
+    TaskLoopError,
+    WorkflowBudgetExceeded,
+    WorkflowNotRegistered,
+)
+from taskloop.events import Event
+from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, TaskKind, TaskRecord
+from taskloop.scheduler import Planner
+from taskloop.store import Batch, Conflict, RedisStore, Snapshot
+from taskloop.store import keys as k
+from taskloop.store.redis_store import dumps_worker
+from taskloop.worker import cache as caching
+from taskloop.worker import outcomes, recovery
+from taskloop.worker.callbacks import build_context, call_phase, error_record, invoke, phase_fields
+from taskloop.worker.outcomes import Outcome
+from taskloop.worker.watcher import Watcher
+
+log = logging.getLogger("taskloop.executor")
+
+# Set in Celery prefork pool processes (worker_process_init): only there may a worker stop a
+# callback that overran its grace period by ending its own process (the pool replaces it).
+hard_stop_allowed = False
+
+
+class Result(str, Enum):
+    """What handling one phase message came to."""
+
+    COMMITTED = "committed"  # the phase ran (or was settled) and its outcome is recorded
+    STALE = "stale"  # refused: the message's round, phase or token is no longer current
+    SUPERSEDED = "superseded"  # ran, but another execution took the phase over; outcome discarded
+    RECOVERED = "recovered"  # the message re-delivered a lost execution: it was queued again
+    DROPPED = "dropped"  # the run or the task does not exist (never started, or expired)
+
+
+@dataclass(frozen=True)
+class Handled:
+    """The result of one message, and for a committed phase the event it recorded."""
+
+    result: Result
+    outcome: EventKind | None = None
+    error: ErrorRecord | None = None
+    reason: str | None = None
+
+
+class Superseded(TaskLoopError):
+    """The phase record changed while its callback ran: another execution owns it now."""
+
+
+class Executor:
+    """Runs phase messages for one worker process."""
+
+    def __init__(self, store: RedisStore, settings: Settings, send: Sender, worker: str) -> None:
+        self.store = store
+        self.settings = settings
+        self.send = send
+        self.worker = worker
+        self.worker_json = dumps_worker(worker)
+        self.watcher = Watcher(store, settings)
+
+    # entry point ----------------------------------------------------------------------------
+    def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> Handled:
+        """Process one message."""
+        fields = self._fields(phase, key, round)
+        reply = self.store.begin(run_id, key, round, phase.value, token, self.worker_json, clock.now(), fields)
+        snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
+        if snap.fields[k.F_WORKFLOW] is None or snap.fields[k.task_field(key)] is None:
+            what = "run" if snap.fields[k.F_WORKFLOW] is None else f"task {key!r} of run"
+            log.warning("%s %r not found (never started, or expired); dropping %s round %s",
+                        what, run_id, phase.value, round)
+            self.store.incr_stat("dropped_unknown_run")
+            return Handled(Result.DROPPED, reason=f"{what} not found")
+        try:
+            record = snap.record(key)
+        except CorruptRecord as exc:
+            return self._fail_corrupt(snap, key, str(exc))
+        assert record is not None
+        if reply.began:
+            return self._began(snap, record)
+        return self._decide(snap, record, phase, round, token)
+
+    def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
+        """What a message reads with its begin: the record and run control first (begin.lua's
+        convention), the definition's identity and the callback's data. (A prepared begin adds
+        what the phase's outcome will need: the dependents' records and the run's outcome fields.)"""
+        return [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION, k.F_FINGERPRINT,
+                *phase_fields(phase, key, round)]
+
+    # deciding -------------------------------------------------------------------------------
+    def _workflow(self, snap: Snapshot) -> Workflow:
+        name, version, fingerprint = snap.get(k.F_WORKFLOW), snap.get(k.F_VERSION), snap.get(k.F_FINGERPRINT)
+        assert name is not None
+        try:
+            workflow = REGISTRY.get(name, version or None)
+        except WorkflowNotRegistered as exc:
+            raise WorkflowNotRegistered(f"{exc} [worker {self.worker}]") from None
+        if fingerprint and fingerprint != workflow.fingerprint:
+            raise IncompatibleDefinition(
+                f"run {snap.run_id} was started with another definition of workflow {name} v{version} "
+                f"(fingerprint {fingerprint}, this worker has {workflow.fingerprint}); deploy the same "
+                "definition to every worker, or give the changed workflow a new version"
+            )
+        return workflow
+
+    def _definition(self, snap: Snapshot, record: TaskRecord) -> tuple[Workflow, Task] | Handled:
+        """The workflow and task a record runs under; when the definition is not available here
+        the run is aborted, and when the record contradicts it the task fails (both recorded)."""
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError as exc:
+            return self._abort(snap, ErrorRecord(type=type(exc).__name__, message=str(exc)))
+        task = workflow.task(record.key)
+        problem = recovery.inconsistency(task, record, snap)
+        if problem is not None:
+            return self._record(workflow, task, snap, record, Outcome(
+                EventKind.FAIL, error=recovery.corrupt_error(snap.run_id, record.key, problem)))
+        return workflow, task
+
+    def _began(self, snap: Snapshot, record: TaskRecord) -> Handled:
+        """The phase began in begin.lua: check what it runs on, then run it."""
+        found = self._definition(snap, record)
+        if isinstance(found, Handled):
+            return found
+        workflow, task = found
+        if record.overdue(record.began_at or clock.now()):  # the round ran out while this message was queued
+            return self._record(workflow, task, snap, record, outcomes.timeout(task, record))
+        return self._run(workflow, task, snap, record)
+
+    def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
+        """The full path: the message was not begun by begin.lua."""
+        expected = recovery.QUEUED_OF[phase]
+        if record.state is not expected or record.round != round or record.token != token:
+            if recovery.is_redelivery_of_running(record, phase, round, token) and self._lost(snap, record):
+                return self._recover(snap, record)
+            return self._stale(snap, record, phase, round, token)
+        found = self._definition(snap, record)
+        if isinstance(found, Handled):
+            return found
+        workflow, task = found
+        if record.overdue(clock.now()):  # the round ran out while queued
+            return self._commit_outcome(workflow, task, snap, record, outcomes.timeout(task, record))
+        if snap.control is not None:
+            return self._commit_outcome(workflow, task, snap, record, outcomes.cancel(snap.control))
+        lookup: caching.Lookup | None = None
+        if not record.prepared:
+            prepared = self._prepare(workflow, task, snap, record)
+            if isinstance(prepared, Handled):
+                return prepared
+            lookup = prepared
+        return self._admit(workflow, task, snap, record, lookup)
+
+    def _lost(self, snap: Snapshot, record: TaskRecord) -> bool:
+        """The running execution behind a redelivered message is gone: its process died (Celery
+        re-queues the message of a killed pool process) or its lease expired."""
+        if recovery.worker_is_dead(record.worker, wait=1.0):
+            return True
+        expiry = self.store.lease_of(snap.run_id, record.key)
+        return expiry is not None and expiry < clock.now()
+
+    def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
+                 record: TaskRecord) -> caching.Lookup | Handled:
+        """Condition and cache, before the first execution of an activation (attempt 0)."""
+        ctx = build_context(self.store, workflow, task, snap, record, Signal(), None)
+        if task.condition is not None:
+            try:
+                keep = invoke(task.condition, ctx)
+            except Exception as exc:
+                return self._commit_outcome(workflow, task, snap, record,
+                                            Outcome(EventKind.FAIL, error=error_record(exc)))
+            if not keep:
+                return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.SKIP, reason="condition"))
+        if task.cache is None or record.attempts:  # no cache lookup on a resume
+            return caching.Lookup()
+        store = caching.store_for(task.cache, self.store)
+        found = caching.lookup(task.cache, ctx, workflow.name, task.key, store, clock.now())
+        if found.error is not None:
+            return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.FAIL, error=found.error),
+                                        found.events)
+        if found.hit:
+            assert found.value_raw is not None
+            hit = Outcome(EventKind.SUCCEED, {k.value_field(task.key): found.value_raw}, cache_hit=True)
+            return self._commit_outcome(workflow, task, snap, record, hit, found.events)
+        return found
+
+    def _admit(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+               lookup: caching.Lookup | None) -> Handled:
+        """Begin the phase with a guarded write of its own (admitted against the budget)."""
+        raw = snap.raw_record(task.key)
+
+        def plan(view: Snapshot) -> Planner:
+            if view.raw_record(task.key) != raw or view.control is not None:
+                raise Superseded(f"task {task.key} moved on before it began")
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            if lookup is not None:
+                planner.events += lookup.events
+                if lookup.fingerprint is not None:
+                    planner.data[k.fingerprint_field(task.key)] = lookup.fingerprint
+            planner.admit(task.key, self.worker, task.timeout_ms)
+            return planner
+
+        try:
+            committed = commit(self.store, plan, snap, self.send, retry=_not_budget)
+        except Superseded:
+            return self.handle_again(snap, record)
+        except TaskLoopError as exc:
+            conflict = getattr(exc, "conflict", None)
+            if not isinstance(conflict, Conflict) or not conflict.label.startswith("budget:"):
+                raise
+            return self._commit_outcome(workflow, task, snap, record, _budget_spent(workflow, task, record, conflict))
+        begun = committed.planner.tasks[task.key]
+        fresh = Snapshot(snap.run_id, {**snap.fields, k.task_field(task.key): begun.dump()},
+                         loader=lambda names: self.store.hmget(snap.run_id, names))
+        return self._run(workflow, task, fresh, begun)
+
+    def handle_again(self, snap: Snapshot, record: TaskRecord) -> Handled:
+        """The record moved while this message was being decided on: the message is stale now."""
+        phase = record.phase or Phase.RUN
+        return self._stale(snap, record, phase, record.round, record.token)
+
+    # running --------------------------------------------------------------------------------
+    def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> Handled:
+        phase = record.phase
+        assert phase is not None
+        signal = Signal()
+        ctx = build_context(self.store, workflow, task, snap, record, signal, phase)
+        raw = snap.raw_record(task.key)
+        assert raw is not None
+
+        def overrun(reason: str) -> None:
+            """The callback ignored its signal past the grace period: record for it, then stop it."""
+            outcome = outcomes.timeout(task, record) if reason == "timeout" else Outcome(EventKind.CANCEL,
+                                                                                          cancelled=True)
+            copy = Snapshot(snap.run_id, dict(snap.fields), loader=lambda names: self.store.hmget(snap.run_id, names))
+            handled = self._record(workflow, task, copy, record, outcome, signal)
+            log.error("run %s task %s: %s %s ignored its %s signal past the grace period; recorded (%s)%s",
+                      snap.run_id, task.key, phase.value, outcomes.step_name(task, record), reason,
+                      handled.result.value, "; stopping this pool process" if hard_stop_allowed else "")
+            if hard_stop_allowed:
+                os.kill(os.getpid(), signals.SIGKILL)
+
+        with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun):
+            outcome = call_phase(task, phase, ctx, snap)
+        return self._record(workflow, task, snap, record, outcome, signal)
+
+    # recording ------------------------------------------------------------------------------
+    def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord, outcome: Outcome,
+                signal: Signal | None = None) -> Handled:
+        """Record the outcome of a running phase (resolved against the run as it is now)."""
+        key = task.key
+        begun_raw = snap.raw_record(key)
+        write_back: list[Event | None] = []
+        exec_info = {"worker": begun.worker, "began": begun.began_at, "execs": begun.execs, "attempt": begun.attempts}
+
+        def plan(view: Snapshot) -> Planner:
+            if view.raw_record(key) != begun_raw:
+                raise Superseded(f"task {key} was taken over while its phase ran")
+            now = clock.now()
+            resolved = outcomes.resolve(task, begun, outcome, signal.reason if signal else None, view.control, now)
+            if not write_back and task.cache is not None and resolved.kind in (EventKind.ACCEPT, EventKind.SUCCEED):
+                write_back.append(self._write_back(task, view, resolved))
+            planner = Planner(workflow, view, now, self.settings)
+            planner.exec_info[key] = {**exec_info, "took": round(now - (begun.began_at or now), 6)}
+            planner.outcome(key, _event(resolved, now), resolved.data, [e for e in write_back if e is not None])
+            return planner
+
+        try:
+            committed = commit(self.store, plan, snap, self.send)
+        except Superseded:
+            return self._superseded(snap, begun)
+        return _handled(committed, key)
+
+    def _commit_outcome(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+                        outcome: Outcome, extra_events: list[Event] | None = None) -> Handled:
+        """Record an outcome decided before any callback ran (skip, cache hit, timeout, cancel, ...)."""
+        raw = snap.raw_record(task.key)
+
+        def plan(view: Snapshot) -> Planner:
+            if view.raw_record(task.key) != raw:
+                raise Superseded(f"task {task.key} moved on")
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            planner.outcome(task.key, _event(outcome, planner.now), outcome.data, extra_events)
+            return planner
+
+        try:
+            committed = commit(self.store, plan, snap, self.send)
+        except Superseded:
+            return self.handle_again(snap, record)
+        return _handled(committed, task.key)
+
+    def _write_back(self, task: Task, snap: Snapshot, outcome: Outcome) -> Event | None:
+        assert task.cache is not None
+        fingerprint = snap.get(k.fingerprint_field(task.key))
+        if fingerprint is None:
+            return None
+        store = caching.store_for(task.cache, self.store)
+        return caching.write_back(store, task.key, fingerprint, outcome.data[k.value_field(task.key)], clock.now())
+
+    # refusals and recovery ------------------------------------------------------------------
+    def _stale(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
+        reason = (f"message for {phase.value} round {round} token {token} does not match the record "
+                  f"({record.state.value} round {record.round} token {record.token})")
+        log.info("run %r task %r: refused stale delivery: %s", snap.run_id, record.key, reason)
+        self._count_refusal(snap.run_id, "stale_deliveries")
+        return Handled(Result.STALE, reason=reason)
+
+    def _superseded(self, snap: Snapshot, begun: TaskRecord) -> Handled:
+        log.warning("run %r task %r: phase was taken over while it ran (token %s); its outcome is discarded",
+                    snap.run_id, begun.key, begun.token)
+        self._count_refusal(snap.run_id, "stale_commits")
+        return Handled(Result.SUPERSEDED, reason="outcome of a superseded execution discarded")
+
+    def _count_refusal(self, run_id: str, name: str) -> None:
+        """A refused delivery is a counter, never an event; it never re-creates an expired run."""
+        self.store.incr_stat(name)
+        self.store.apply(Batch(run_id).exists(k.F_WORKFLOW, "run exists").incr(k.stat_field(name), 1))
+
+    def _recover(self, snap: Snapshot, record: TaskRecord) -> Handled:
+        """Do the reconciler's work at once: queue a replay of the lost execution (or give up)."""
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError:
+            return Handled(Result.STALE, reason="lost execution left to a worker that has the definition")
+        raw = snap.raw_record(record.key)
+
+        def plan(view: Snapshot) -> Planner:
+            if view.raw_record(record.key) != raw:
+                raise Superseded("recovered elsewhere")
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            recovery.plan_recovery(planner, record, self.settings.max_executions)
+            return planner
+
+        try:
+            committed = commit(self.store, plan, snap, self.send)
+        except Superseded:
+            return Handled(Result.STALE, reason="the lost execution was recovered elsewhere")
+        after = committed.planner.tasks[record.key]
+        log.warning("run %r task %r: the execution of %s round %s by %s was lost; %s", snap.run_id, record.key,
+                    record.phase.value if record.phase else "-", record.round, record.worker,
+                    "giving up" if after.terminal else "replaying it")
+        return Handled(Result.RECOVERED, outcome=EventKind.FAIL if after.terminal else EventKind.EXPIRE,
+                       error=after.error)
+
+    def _fail_corrupt(self, snap: Snapshot, key: str, problem: str) -> Handled:
+        """A record that does not parse fails its task before any callback runs on it."""
+        log.error("%s", problem)
+        try:
+            workflow = self._workflow(snap)
+        except TaskLoopError as exc:
+            return self._abort(snap, ErrorRecord(type=type(exc).__name__, message=str(exc)))
+        task = workflow.task(key)
+        snap.put_record(key, recovery.stand_in(key, task.kind))
+        error = ErrorRecord(type=CorruptRecord.__name__, message=problem)
+        return self._commit_outcome(workflow, task, snap, snap.record(key) or recovery.stand_in(key, TaskKind.TASK),
+                                    Outcome(EventKind.FAIL, error=error))
+
+    def _abort(self, snap: Snapshot, error: ErrorRecord) -> Handled:
+        """The run cannot go on here: end it failed with ``error`` (see recovery.py)."""
+        log.error("run %r: %s: %s; ending the run", snap.run_id, error.type, error.message)
+        workflow = _placeholder_workflow(snap)
+
+        def plan(view: Snapshot) -> Planner:
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            planner.abort(error)
+            return planner
+
+        commit(self.store, plan, snap, self.send)
+        return Handled(Result.COMMITTED, outcome=EventKind.FAIL, error=error)
+
+
+def _not_budget(conflict: Conflict) -> bool:
+    return not conflict.label.startswith("budget:")
+
+
+def _budget_spent(workflow: Workflow, task: Task, record: TaskRecord, conflict: Conflict) -> Outcome:
+    name = conflict.label.removeprefix("budget:")
+    limit = getattr(workflow.budget, name)
+    error = ErrorRecord(
+        type=WorkflowBudgetExceeded.__name__,
+        message=(f"workflow {workflow.name} spent its budget of {limit} {name.replace('_', ' ')} before "
+                 f"{task.key} {outcomes.step_name(task, record)} could start; raise Budget({name}=...) or "
+                 "need fewer rounds"),
+        details={"budget": name, "limit": limit, "used": int(conflict.current or 0)},
+    )
+    return Outcome(EventKind.FAIL, error=error)
+
+
+def _event(outcome: Outcome, now: float) -> PhaseEvent:
+    return PhaseEvent(outcome.kind, now, error=outcome.error, feedback=outcome.feedback, cache_hit=outcome.cache_hit,
+                      not_before=outcome.retry_at, reason=outcome.reason)
+
+
+def _handled(committed: Committed, key: str) -> Handled:
+    record = committed.planner.tasks[key]
+    last = committed.planner.changed.get(key)
+    kind = None
+    if last is not None and last.error is not None and last.terminal:
+        kind = EventKind.FAIL
+    return Handled(Result.COMMITTED, outcome=kind, error=record.error if kind else None)
+
+
+def _placeholder_workflow(snap: Snapshot) -> Workflow:
+    """Stands in for a definition that is not available: an abort touches no task."""
+    return Workflow(name=snap.get(k.F_WORKFLOW) or "?", version=snap.get(k.F_VERSION) or "?", tasks=())

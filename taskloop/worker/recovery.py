@@ -1,0 +1,128 @@
+"""Recovery: executions that were lost, records that cannot be trusted, runs that cannot go on.
+
+- A **lost execution**: a phase recorded as running whose worker process died (Celery re-queues
+  the message of a killed pool process) or whose lease expired. It is queued again as a replay
+  (same round, same idempotency key, one more attempt consumed), or failed with PhaseAbandoned
+  after ``TASKLOOP_MAX_EXECUTIONS`` executions.
+- A **corrupt or inconsistent record**: it does not parse, or contradicts its definition or its
+  round data. The task fails with CorruptRecord before any callback runs on it.
+- A run whose definition is **not available** here (not imported, or another fingerprint) is
+  aborted: it ends failed at once, and its remaining phases end cancelled as they are delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from taskloop.definitions import Task
+from taskloop.errors import CorruptRecord, PhaseAbandoned
+from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, State, TaskKind, TaskRecord, TaskStatus
+from taskloop.scheduler import Planner
+from taskloop.store import Snapshot
+from taskloop.store import keys as k
+
+RUNNING_OF = {Phase.ATTEMPT: State.RUNNING_ATTEMPT, Phase.CHECK: State.RUNNING_CHECK, Phase.RUN: State.RUNNING_RUN}
+QUEUED_OF = {Phase.ATTEMPT: State.QUEUED_ATTEMPT, Phase.CHECK: State.QUEUED_CHECK, Phase.RUN: State.QUEUED_RUN}
+
+
+def process_gone(pid: int) -> bool:
+    """True when no live process has this pid (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a killed child that its parent has not reaped yet is a zombie: dead all the same
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
+    """True when ``worker`` ("node@host/pid") ran on this host and its process is gone.
+
+    ``wait``: how long to keep looking at a process that is still there (a killed process can
+    be seen alive for a moment after its pool has already re-queued its message)."""
+    if not worker or "/" not in worker:
+        return False
+    node, _, pid_text = worker.rpartition("/")
+    host = node.partition("@")[2]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    deadline = time.monotonic() + wait
+    while not process_gone(int(pid_text)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def is_redelivery_of_running(record: TaskRecord, phase: Phase, round: int, token: int) -> bool:
+    """The message is the one whose execution the record shows running (BEGIN added one to its token)."""
+    return record.state is RUNNING_OF[phase] and record.round == round and record.token == token + 1
+
+
+def abandoned_error(record: TaskRecord, max_executions: int) -> ErrorRecord:
+    phase = record.phase.value if record.phase else "phase"
+    return ErrorRecord(
+        type=PhaseAbandoned.__name__,
+        message=(f"{phase} of task {record.key} round {record.round} was started {record.execs} times and "
+                 f"every execution was lost (its worker died, hung or lost its lease); giving up after "
+                 f"TASKLOOP_MAX_EXECUTIONS={max_executions}. Check the worker logs for what kills it"),
+        details={"executions": record.execs, "lost": record.lost + 1},
+    )
+
+
+def plan_recovery(planner: Planner, record: TaskRecord, max_executions: int) -> TaskRecord:
+    """Plan the replay of a running phase whose execution was lost (or give up on it)."""
+    now = planner.now
+    if record.execs >= max_executions:
+        event = PhaseEvent(EventKind.FAIL, now, error=abandoned_error(record, max_executions))
+    else:
+        event = PhaseEvent(EventKind.EXPIRE, now)
+    planner.exec_info[record.key] = {"lost": True, "worker": record.worker, "began": record.began_at,
+                                     "execs": record.execs, "attempt": record.attempts}
+    return planner.outcome(record.key, event)
+
+
+def inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:
+    """What is wrong with an (otherwise readable) record and its round data, if anything."""
+    if record.kind is not task.kind:
+        return f"the record is a {record.kind.value} but the definition declares a {task.kind.value}"
+    if not 1 <= record.round <= record.limit:
+        return f"round {record.round} is outside 1..{record.limit}"
+    if task.is_loop and record.limit != task.max_rounds:
+        return f"the record allows {record.limit} rounds, the definition {task.max_rounds}"
+    if record.phase is Phase.CHECK:
+        raw = snap.get(k.candidate_field(task.key, record.round))
+        if raw is None:
+            return f"round {record.round} is in check but has no recorded candidate"
+        try:
+            json.loads(raw)
+        except ValueError:
+            return f"the candidate of round {record.round} is not JSON"
+    if record.phase is Phase.ATTEMPT and record.round > 1:
+        raw = snap.get(k.check_field(task.key, record.round - 1))
+        try:
+            check = json.loads(raw) if raw is not None else None
+        except ValueError:
+            check = None
+        if not (isinstance(check, dict) and check.get("done") is False and isinstance(check.get("feedback"), str)):
+            return f"round {record.round} started but round {record.round - 1} has no recorded rejection"
+    return None
+
+
+def corrupt_error(run_id: str, key: str, problem: str) -> ErrorRecord:
+    return ErrorRecord(type=CorruptRecord.__name__, message=str(CorruptRecord(run_id, key, problem)))
+
+
+def stand_in(key: str, kind: TaskKind) -> TaskRecord:
+    """A record from which FAIL is legal, for a field that does not parse (the guard still
+    compares the corrupt bytes, so nobody else can have changed it meanwhile)."""
+    return TaskRecord(key=key, kind=kind, status=TaskStatus.ACTIVE,
+                      phase=Phase.ATTEMPT if kind is TaskKind.LOOP else Phase.RUN, slot=Slot.QUEUED, round=1)

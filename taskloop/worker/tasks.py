@@ -1,0 +1,204 @@
+"""The Celery tasks: thin wrappers that validate the message and hand it to the executor.
+
+``taskloop.attempt``, ``taskloop.check`` and ``taskloop.run`` execute phases (sent with a shadow
+name ``<workflow>.<key>.<phase>``); ``taskloop.start`` plans a run recorded by name (or starts one
+from any Celery client); ``taskloop.dispatch`` sends the messages of many queued phases of one run;
+``taskloop.settle`` ends the paused gates of a cancelled run; ``taskloop.reconcile`` is one
+reconcile pass (beat).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery, signals
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+
+from taskloop import app as taskloop_app
+from taskloop.config import settings
+from taskloop.definitions import NAME_PATTERN
+from taskloop.phases import Phase
+from taskloop.store import RedisStore
+from taskloop.store import keys as k
+from taskloop.worker import executor as executor_module
+from taskloop.worker import starter
+from taskloop.worker.executor import Executor
+from taskloop.worker.reconciler import ReconcilerThread, reconcile
+
+log = logging.getLogger("taskloop.tasks")
+
+UNTRUSTED_LOG_CHARS = 200  # how much of an untrusted value a log line may quote
+
+
+def untrusted(value: Any) -> str:
+    """An untrusted value for a log line: repr'd (no raw newlines) and truncated."""
+    text = repr(value)
+    return text if len(text) <= UNTRUSTED_LOG_CHARS else text[:UNTRUSTED_LOG_CHARS] + "...(truncated)"
+
+
+def _run_id(value: str) -> str:
+    if not k.RUN_ID_PATTERN.match(value):
+        raise ValueError("run_id does not match the run id pattern")
+    return value
+
+
+def _task_key(value: str) -> str:
+    if len(value) > 200 or not NAME_PATTERN.match(value):
+        raise ValueError("key does not match the task key pattern")
+    return value
+
+
+class PhaseMessage(BaseModel):
+    """The only payload taskloop puts on the queue for a phase: which phase of which run."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: StrictStr
+    key: StrictStr
+    round: StrictInt = Field(ge=1)
+    token: StrictInt = Field(ge=0)
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run(cls, value: str) -> str:
+        return _run_id(value)
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: str) -> str:
+        return _task_key(value)
+
+
+class FanoutMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    run_id: StrictStr
+    keys: list[StrictStr] = Field(min_length=1, max_length=10_000)
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run(cls, value: str) -> str:
+        return _run_id(value)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        return [_task_key(key) for key in keys]
+
+
+@signals.worker_process_init.connect
+def _in_pool_process(**_: Any) -> None:
+    """A prefork pool process: it may end itself to stop a callback that overran (the pool forks
+    a replacement)."""
+    executor_module.hard_stop_allowed = True
+
+
+_executor: Executor | None = None
+_executor_pid: int | None = None
+
+
+def executor(app: Celery, hostname: str) -> Executor:
+    """One executor per worker process, created after the fork."""
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():
+        config = settings()
+        store = RedisStore(config.redis_url, retries=10, single_connection=True, events_maxlen=config.events_maxlen)
+        _executor = Executor(store, config, taskloop_app.PhaseSender(app), f"{hostname}/{os.getpid()}")
+        _executor_pid = os.getpid()
+    return _executor
+
+
+def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    try:
+        if kwargs or len(args) != 4:
+            raise ValueError(f"expected 4 positional args (run_id, key, round, token), got {len(args)} args "
+                             f"and {len(kwargs)} kwargs")
+        message = PhaseMessage(run_id=args[0], key=args[1], round=args[2], token=args[3])
+    except (ValueError, ValidationError) as exc:
+        log.error("malformed taskloop.%s message dropped: %s (args %s)", phase.value,
+                  untrusted(str(exc).splitlines()[0]), untrusted(args))
+        return "malformed"
+    handled = executor(app, hostname or "worker").handle(phase, message.run_id, message.key, message.round,
+                                                         message.token)
+    return handled.result.value
+
+
+def register(app: Celery) -> None:
+    """Register taskloop's tasks on ``app``."""
+    options = dict(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, serializer="json")
+
+    @app.task(name="taskloop.attempt", **options)
+    def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs)
+
+    @app.task(name="taskloop.check", **options)
+    def check(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs)
+
+    @app.task(name="taskloop.run", **options)
+    def run(self: Any, *args: Any, **kwargs: Any) -> str:
+        return execute(app, Phase.RUN, self.request.hostname, args, kwargs)
+
+    @app.task(name=taskloop_app.START_TASK, **options)
+    def start(self: Any, *args: Any, **kwargs: Any) -> str:
+        """Plan a run recorded by name (args: run_id), or start one: kwargs workflow, input,
+        version, run_id (any Celery client, any language)."""
+        worker = executor(app, self.request.hostname or "worker")
+        return starter.handle_start(worker, args, kwargs)
+
+    @app.task(name=taskloop_app.DISPATCH_TASK, **options)
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> str:
+        try:
+            if kwargs or len(args) != 2:
+                raise ValueError("expected 2 positional args (run_id, keys)")
+            message = FanoutMessage(run_id=args[0], keys=args[1])
+        except (ValueError, ValidationError) as exc:
+            log.error("malformed taskloop.dispatch message dropped: %s", untrusted(str(exc).splitlines()[0]))
+            return "malformed"
+        worker = executor(app, self.request.hostname or "worker")
+        return starter.handle_fanout(worker, message.run_id, message.keys)
+
+    @app.task(name=taskloop_app.SETTLE_TASK, **options)
+    def settle(self: Any, *args: Any, **kwargs: Any) -> str:
+        try:
+            if kwargs or len(args) != 1:
+                raise ValueError("expected 1 positional arg (run_id)")
+            run_id = _run_id(args[0]) if isinstance(args[0], str) else ""
+            if not run_id:
+                raise ValueError("run_id must be a string")
+        except ValueError as exc:
+            log.error("malformed taskloop.settle message dropped: %s", untrusted(str(exc)))
+            return "malformed"
+        worker = executor(app, self.request.hostname or "worker")
+        return starter.handle_settle(worker, run_id)
+
+    @app.task(name="taskloop.reconcile", ignore_result=True)
+    def reconcile_task() -> str:
+        """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
+        worker = executor(app, "beat")
+        return str(reconcile(worker.store, worker.settings, worker.send))
+
+    interval = settings().reconcile_interval_s
+    if interval > 0:
+        app.conf.beat_schedule = {
+            **(app.conf.beat_schedule or {}),
+            "taskloop-reconcile": {"task": "taskloop.reconcile", "schedule": interval},
+        }
+
+    threads: list[ReconcilerThread] = []
+
+    @signals.worker_ready.connect(weak=False)
+    def start_reconciler(sender: Any = None, **_: Any) -> None:
+        """Every worker's main process reconciles too (one pass per interval fleet-wide)."""
+        config = settings()
+        if config.reconcile_interval_s <= 0:
+            return
+        store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
+        thread = ReconcilerThread(store, config, taskloop_app.PhaseSender(app), config.reconcile_interval_s)
+        thread.start()
+        threads.append(thread)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def stop_reconciler(**_: Any) -> None:
+        for thread in threads:
+            thread.stop()
