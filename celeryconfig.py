@@ -3,7 +3,8 @@
 taskloop loads this module (or the one named by TASKLOOP_CELERY_CONFIG) when it is importable.
 TASKLOOP_BROKER_URL / TASKLOOP_REDIS_URL, when set, override broker_url. The settings marked
 "required" are forced by taskloop whatever this file says, because its guarantees rest on them.
-Reasons for each are in docs/operations.md.
+Reasons for each are in docs/operations.md; the measured effect of prefetch and events is in
+docs/benchmarks.md.
 """
 
 # Broker: TASKLOOP_BROKER_URL, else TASKLOOP_REDIS_URL, else this (the environment wins).
@@ -17,15 +18,18 @@ accept_content = ["json"]
 task_acks_late = True
 task_reject_on_worker_lost = True
 
-# One message at a time per process: a long phase never holds others hostage.
-worker_prefetch_multiplier = 1
+# Prefetch: Celery's default (4 messages per process), with fair scheduling (`-O fair`, which
+# `taskloop worker` passes and Celery 5 uses by default): a process that is busy with a long
+# phase is not handed more, and the prefetched messages keep the others fed.
+# worker_prefetch_multiplier = 4
 
 # taskloop keeps its own results in Redis: no Celery result backend traffic.
 task_ignore_result = True
 
-# Flower: workers send task events, and a "sent" event for every dispatch.
-worker_send_task_events = True
-task_send_sent_event = True
+# Task events are off, as in Celery. `taskloop worker -E` turns them on; Flower turns them on by
+# itself in the workers it watches (its enable_events option), so Flower still sees every phase.
+worker_send_task_events = False
+task_send_sent_event = False
 
 # An unacknowledged message comes back after visibility_timeout. Keep it above the longest
 # timeout_ms of your tasks; taskloop's own leases and reconciler recover much sooner.

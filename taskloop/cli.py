@@ -84,8 +84,9 @@ IMPORT_OPTION = click.option("--import", "-I", "imports", multiple=True, metavar
 @click.option("--logfile", default=None)
 @click.option("--pool", "-P", default=None, help="Celery pool (default prefork).")
 @click.option("--beat", "-B", is_flag=True, help="Also run the beat scheduler (the periodic reconciler).")
+@click.option("--events", "-E", is_flag=True, help="Send task events (for Flower; Flower also turns them on itself).")
 def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None, hostname: str | None,
-           loglevel: str, logfile: str | None, pool: str | None, beat: bool) -> None:
+           loglevel: str, logfile: str | None, pool: str | None, beat: bool, events: bool) -> None:
     """Run a Celery worker that executes taskloop phases."""
     if imports:
         os.environ["TASKLOOP_IMPORTS"] = ",".join([*imports, *config.settings().imports])
@@ -93,7 +94,9 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
     _import_modules(())
     from taskloop.worker.app import app
 
-    argv = ["worker", "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+    argv = ["worker", "--loglevel", loglevel, "--without-gossip", "--without-mingle", "-O", "fair"]
+    if events:
+        argv += ["-E"]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
     if queues:
