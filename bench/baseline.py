@@ -2,9 +2,11 @@
 
 ``bench.attempt`` enqueues ``bench.check``, which enqueues the next ``bench.attempt`` until the
 check accepts (round 3) or the loop runs out of rounds (the exhaust variant). The loop's state
-lives only in the messages: no record survives a lost message. The Celery settings are the same
-as taskloop's (JSON, acks_late, reject_on_worker_lost, prefetch 1, no result backend, events as
-configured by BENCH_EVENTS).
+lives only in the messages: no record survives a lost message.
+
+Celery's own defaults, as a team would run it: JSON, prefetch 4 per process, task events off
+(``celery worker -E`` turns them on, as Flower does), no result backend, and ``acks_late`` with
+``reject_on_worker_lost`` — the least a loop that must not lose work needs.
 """
 
 from __future__ import annotations
@@ -23,10 +25,7 @@ app.conf.update(
     accept_content=["json"],
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=int(os.environ.get("BENCH_PREFETCH", "1")),
     task_ignore_result=True,
-    worker_send_task_events=os.environ.get("BENCH_EVENTS", "1") == "1",
-    task_send_sent_event=os.environ.get("BENCH_EVENTS", "1") == "1",
     task_default_queue="bench",
     broker_connection_retry_on_startup=True,
 )

@@ -1,14 +1,25 @@
 """taskloop against a hand-rolled Celery loop, in one invocation, on one redis-server.
 
-    python -m bench.run                 # the full set (N = 300 and 1,000, accept and exhaust,
-                                        # latency, Redis cost, a 10,000-loop flood)
-    python -m bench.run --quick         # N = 300 only, 20 latency runs, a 2,000-loop flood
-    python -m bench.run --no-events     # both systems without Celery task events
+    python -m bench.run                       # every section below (about 40 minutes on 2 cores)
+    python -m bench.run --quick               # smaller sizes, one repeat (about 8 minutes)
+    python -m bench.run --only loops,sizes    # some sections: loops, events, workers, sizes, cancel
+    python -m bench.run --json out.json       # also keep the raw figures
 
-Both systems get the same redis-server (started here, AOF on), the same Celery settings and one
-worker with 2 pool processes. The workload is N independent loops of 3 rounds (6 steps: attempt,
-check, x3), accepted in round 3, or (exhaust) never accepted with max_rounds=3. The script exits
-non-zero if any run or loop ends in the wrong state, so speed can never hide a wrong answer.
+Both systems run with Celery's own defaults (prefetch 4, fair scheduling, task events off),
+JSON, ``acks_late``, one worker with 2 pool processes unless a section says otherwise, on the
+same redis-server (started here, AOF everysec). Sections:
+
+- ``loops``: N independent loops of 3 rounds (6 steps), accepted in round 3 or exhausted;
+  steps/s, paired ratios, p50/p95 latency of one loop, Redis commands per round, memory per run.
+- ``events``: the same with task events on in both workers (``-E``: the cost under Flower).
+- ``workers``: steps/s with 1, 2 and 4 pool processes, and with two worker nodes.
+- ``sizes``: one run of 1, 100, 1,000 and 10,000 independent tasks against as many one-task
+  runs; a 1,000-task chain; tasks/s and the time of ``start()``.
+- ``cancel``: a 10,000-task run under full load: how long ``cancel()`` takes to land, and how
+  long until the run has ended.
+
+The script exits non-zero if any run or loop ends in the wrong state, so speed never hides a
+wrong answer.
 """
 
 from __future__ import annotations
@@ -26,13 +37,14 @@ from typing import Any
 
 import redis
 
-from taskloop.embedded import wait_until_ready
+from taskloop.embedded import RedisServer, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_LOOP = 6
 ROUNDS_PER_LOOP = 3
 POLL_S = 0.005
 IGNORED_COMMANDS = {"info", "llen", "ping"}  # the benchmark's own polling
+SECTIONS = ("loops", "events", "workers", "sizes", "cancel")
 
 
 class Failure(Exception):
@@ -69,34 +81,41 @@ def wait_finished(r: redis.Redis, n: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while r.llen("bench:finished") < n:
         if time.monotonic() > deadline:
-            raise Failure(f"only {r.llen('bench:finished')} of {n} loops finished within {timeout} s")
+            raise Failure(f"only {r.llen('bench:finished')} of {n} finished within {timeout} s")
         time.sleep(POLL_S)
 
 
 class System:
     name = ""
 
-    def __init__(self, url: str, env: dict[str, str], logdir: Path, redis_pid: int) -> None:
-        self.url = url
-        self.redis_pid = redis_pid
+    def __init__(self, server: RedisServer, env: dict[str, str], logdir: Path) -> None:
+        self.url = server.url
+        assert server.process is not None
+        self.redis_pid = server.process.pid
         self.env = env
         self.logdir = logdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.r = redis.Redis.from_url(self.url, decode_responses=True)
 
-    def worker_args(self) -> list[str]:
+    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
         raise NotImplementedError
 
-    def start_worker(self) -> None:
-        log = self.logdir / f"{self.name}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", *self.worker_args(), "--logfile", str(log)],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until_ready(self.proc, log)
+    def start_workers(self, concurrency: int = 2, nodes: int = 1, events: bool = False) -> None:
+        self.stop_workers()
+        for n in range(nodes):
+            log = self.logdir / f"{self.name}-{n}-{uuid.uuid4().hex[:6]}.log"
+            args = [sys.executable, "-m", *self.worker_args(concurrency, f"{self.name}{n}", events),
+                    "--logfile", str(log)]
+            proc = subprocess.Popen(args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            wait_until_ready(proc, log)
+            self.procs.append(proc)
 
-    def stop_worker(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(60)
+    def stop_workers(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(60)
+        self.procs = []
 
     def start_loops(self, mode: str, n: int) -> list[str]:
         raise NotImplementedError
@@ -108,11 +127,11 @@ class System:
         raise NotImplementedError
 
     def processes(self) -> dict[str, list[int]]:
-        assert self.proc is not None
-        return {"worker main": [self.proc.pid], "worker pool": children_of(self.proc.pid),
+        pool = [pid for proc in self.procs for pid in children_of(proc.pid)]
+        return {"worker main": [p.pid for p in self.procs], "worker pool": pool,
                 "redis-server": [self.redis_pid], "client": [os.getpid()]}
 
-    def throughput(self, mode: str, n: int, timeout: float = 600) -> dict[str, Any]:
+    def throughput(self, mode: str, n: int, timeout: float = 1800) -> dict[str, Any]:
         self.r.delete("bench:finished")
         before, memory_before = commandstats(self.r), int(self.r.info("memory")["used_memory"])
         procs = self.processes()
@@ -141,9 +160,10 @@ class System:
 class Baseline(System):
     name = "baseline"
 
-    def worker_args(self) -> list[str]:
-        return ["celery", "-A", "bench.baseline", "worker", "-c", "2", "-Q", "bench", "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "-n", "baseline@%h"]
+    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
+        return ["celery", "-A", "bench.baseline", "worker", "-c", str(concurrency), "-Q", "bench",
+                "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"{node}@%h",
+                *(["-E"] if events else [])]
 
     def start_loops(self, mode: str, n: int) -> list[str]:
         from bench.baseline import attempt
@@ -174,14 +194,15 @@ class Baseline(System):
 class TaskLoopSystem(System):
     name = "taskloop"
 
-    def __init__(self, url: str, env: dict[str, str], logdir: Path, redis_pid: int) -> None:
-        super().__init__(url, env, logdir, redis_pid)
+    def __init__(self, server: RedisServer, env: dict[str, str], logdir: Path) -> None:
+        super().__init__(server, env, logdir)
         from taskloop import TaskLoop
 
-        self.client = TaskLoop(url)
+        self.client = TaskLoop(self.url)
 
-    def worker_args(self) -> list[str]:
-        return ["taskloop", "worker", "--import", "bench.flows", "-c", "2", "--loglevel", "INFO", "-n", "taskloop@%h"]
+    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
+        return ["taskloop", "worker", "--import", "bench.flows", "-c", str(concurrency), "--loglevel", "INFO",
+                "-n", f"{node}@%h", *(["-E"] if events else [])]
 
     def start_loops(self, mode: str, n: int) -> list[str]:
         from bench.flows import accept, exhaust
@@ -196,9 +217,8 @@ class TaskLoopSystem(System):
         for run_id in ids:
             pipe.hmget(k.RunKeys.of(run_id).run, [k.F_STATUS, k.F_TERMINATION, k.value_field("loop"),
                                                   k.task_field("loop")])
-        replies = pipe.execute()
         wrong = []
-        for run_id, (status, term, value, raw) in zip(ids, replies, strict=True):
+        for run_id, (status, term, value, raw) in zip(ids, pipe.execute(), strict=True):
             record = json.loads(raw)
             if mode == "accept":
                 ok = (status, term, value, record.get("round")) == ("done", None, "3", 3)
@@ -229,112 +249,236 @@ def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from taskloop.embedded import RedisServer
+def compare(systems: list[System], mode: str, n: int, repeats: int) -> dict[str, Any]:
+    """Interleaved repeats of one throughput figure (drift hits both alike); paired ratios."""
+    samples: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    for i in range(repeats):
+        for system in systems if i % 2 == 0 else systems[::-1]:
+            samples[system.name].append(system.throughput(mode, n))
+    pairs = [t["steps_per_s"] / b["steps_per_s"] for b, t in zip(samples["baseline"], samples["taskloop"], strict=True)]
+    out = {s.name: median_of(samples[s.name]) for s in systems}
+    out["ratio"] = {"median": round(statistics.median(pairs), 3), "samples": [round(p, 3) for p in pairs]}
+    print(f"  {mode:8} N={n:<6} baseline {out['baseline']['steps_per_s']:>7} steps/s  taskloop "
+          f"{out['taskloop']['steps_per_s']:>7} steps/s  ratio {out['ratio']['median']} {out['ratio']['samples']}",
+          flush=True)
+    return out
 
-    sizes = [300] if args.quick else [300, 1000]
-    flood = 2000 if args.quick else 10_000
-    latency_runs = 20 if args.quick else 50
+
+def latency(systems: list[System], runs: int) -> dict[str, Any]:
+    found: dict[str, list[float]] = {s.name: [] for s in systems}
+    for _ in range(runs):
+        for system in systems:
+            found[system.name].append(system.one_latency())
+    out: dict[str, Any] = {}
+    for name, values in found.items():
+        ordered = sorted(values)
+        out[name] = {"runs": runs, "p50_ms": round(statistics.median(ordered) * 1000, 2),
+                     "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2)}
+    out["ratio_p50"] = round(out["taskloop"]["p50_ms"] / out["baseline"]["p50_ms"], 3)
+    print(f"  latency p50 baseline {out['baseline']['p50_ms']} ms, taskloop {out['taskloop']['p50_ms']} ms "
+          f"({out['ratio_p50']}x)", flush=True)
+    return out
+
+
+def section_loops(systems: list[System], args: argparse.Namespace, events: bool) -> dict[str, Any]:
+    n = 300 if args.quick else 1000
+    repeats = 1 if args.quick else args.repeats
+    for system in systems:
+        system.start_workers(2, events=events)
+        system.throughput("accept", 50)  # warm-up: imports, connections, scripts
+    out = {mode: compare(systems, mode, n, repeats) for mode in ("accept", "exhaust")}
+    out["latency"] = latency(systems, 20 if args.quick else 50)
+    return out
+
+
+def section_workers(systems: list[System], args: argparse.Namespace) -> dict[str, Any]:
+    n = 300 if args.quick else 1000
+    out = {}
+    for label, concurrency, nodes in (("1 process", 1, 1), ("2 processes", 2, 1), ("4 processes", 4, 1),
+                                      ("2 nodes x 2 processes", 2, 2)):
+        print(f"  {label}", flush=True)
+        for system in systems:
+            system.start_workers(concurrency, nodes)
+            system.throughput("accept", 30)
+        out[label] = compare(systems, "accept", n, 1)
+    return out
+
+
+def _run_wide(tl: TaskLoopSystem, workflow: Any, n: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    handle = tl.client.start(workflow)
+    start_s = time.perf_counter() - started
+    result = handle.wait(timeout=3600)
+    seconds = time.perf_counter() - started
+    if result.status != "done" or len(result.values) != n:
+        raise Failure(f"{workflow.name}: {result.status}, {len(result.values)} values")
+    return {"tasks": n, "start_s": round(start_s, 3), "seconds": round(seconds, 3),
+            "tasks_per_s": round(n / seconds, 1)}
+
+
+def _run_singles(tl: TaskLoopSystem, n: int) -> dict[str, Any]:
+    from bench.flows import single
+
+    tl.r.delete("bench:finished")
+    started = time.perf_counter()
+    ids = [tl.client.start(single).run_id for _ in range(n)]
+    start_s = time.perf_counter() - started
+    wait_finished(tl.r, n, 3600)
+    seconds = time.perf_counter() - started
+    statuses = {tl.client.status(run_id) for run_id in ids[:: max(1, n // 200)]}
+    if statuses != {"done"}:
+        raise Failure(f"one-task runs ended {statuses}")
+    return {"tasks": n, "start_s": round(start_s, 3), "seconds": round(seconds, 3),
+            "tasks_per_s": round(n / seconds, 1)}
+
+
+def section_sizes(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, Any]:
+    from bench.flows import chain, wide
+
+    tl.start_workers(2)
+    _run_wide(tl, wide[100], 100)  # warm-up
+    sizes = (1, 100, 1000) if args.quick else (1, 100, 1000, 10_000)
+    out: dict[str, Any] = {"wide": {}, "singles": {}}
+    for n in sizes:
+        out["wide"][n] = _run_wide(tl, wide[n], n)
+        print(f"  one run of {n} tasks: start() {out['wide'][n]['start_s']} s, {out['wide'][n]['tasks_per_s']} tasks/s",
+              flush=True)
+    biggest = sizes[-1]
+    out["singles"][biggest] = _run_singles(tl, biggest)
+    print(f"  {biggest} one-task runs: {out['singles'][biggest]['tasks_per_s']} tasks/s", flush=True)
+    wide_rate, singles_rate = out["wide"][biggest]["tasks_per_s"], out["singles"][biggest]["tasks_per_s"]
+    out["ratio_wide_to_singles"] = round(wide_rate / singles_rate, 3)
+    length = 200 if args.quick else 1000
+    out["chain"] = _run_wide(tl, chain[length], length)
+    chain_out = out["chain"]
+    print(f"  a chain of {length} tasks: {chain_out['seconds']} s ({chain_out['tasks_per_s']} tasks/s)", flush=True)
+    return out
+
+
+def section_cancel(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, Any]:
+    from bench.flows import held
+
+    tl.start_workers(2, nodes=2)
+    tries = []
+    for _ in range(2 if args.quick else 3):
+        handle = tl.client.start(held)
+        time.sleep(3.0)  # every process busy, thousands of phases queued behind them
+        started = time.perf_counter()
+        outcome = tl.client.cancel(handle.run_id, "bench")
+        landed = time.perf_counter() - started
+        if not outcome.cancelled:
+            raise Failure(f"cancel did not land: {outcome}")
+        result = handle.wait(timeout=1800)
+        ended = time.perf_counter() - started
+        if result.status != "cancelled":
+            raise Failure(f"a cancelled run ended {result.status}")
+        done = sum(1 for _ in result.values)
+        tries.append({"landed_s": round(landed, 4), "ended_s": round(ended, 2), "tasks_done_before": done})
+        print(f"  cancel landed in {landed * 1000:.1f} ms; the run ended cancelled {ended:.1f} s later "
+              f"({done} tasks had finished)", flush=True)
+    return {"tries": tries, "max_landed_s": max(t["landed_s"] for t in tries)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     server = RedisServer().start()
     logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO),
-           "BENCH_EVENTS": "1" if args.events else "0"}
+    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO)}
     env.pop("TASKLOOP_BROKER_URL", None)
-    if not args.events:
-        env["TASKLOOP_CELERY_CONFIG"] = "bench.no_events"
-    os.environ.update({k: v for k, v in env.items() if k.startswith(("TASKLOOP_", "BENCH_"))})
-    assert server.process is not None
-    systems = [Baseline(server.url, env, logdir, server.process.pid),
-               TaskLoopSystem(server.url, env, logdir, server.process.pid)]
-    results: dict[str, Any] = {"redis": server.url, "events": args.events, "repeats": args.repeats,
-                               "systems": {s.name: {"throughput": []} for s in systems}}
+    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
+    systems: list[System] = [baseline, tl]
+    results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats}
     try:
-        for system in systems:  # both workers stay up; the one not measured is idle
-            system.start_worker()
-            system.throughput("accept", 50)  # warm-up: imports, connections, scripts
-        for mode in ("accept", "exhaust"):
-            for n in sizes:
-                samples: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
-                for i in range(args.repeats):  # interleaved, so that drift hits both alike
-                    for system in systems if i % 2 == 0 else systems[::-1]:
-                        samples[system.name].append(system.throughput(mode, n))
-                pairs = [t["steps_per_s"] / b["steps_per_s"]
-                         for b, t in zip(samples["baseline"], samples["taskloop"], strict=True)]
-                results.setdefault("paired_ratios", {})[f"{mode} N={n}"] = {
-                    "median": round(statistics.median(pairs), 3), "samples": [round(p, 3) for p in pairs]}
-                for system in systems:
-                    chosen = median_of(samples[system.name])
-                    results["systems"][system.name]["throughput"].append(chosen)
-                    print(f"{system.name:9} {mode:8} N={n:<6} {chosen['steps_per_s']:>8} steps/s "
-                          f"(samples {chosen['samples_steps_per_s']})", flush=True)
-        latencies: dict[str, list[float]] = {s.name: [] for s in systems}
-        for _ in range(latency_runs):
-            for system in systems:
-                latencies[system.name].append(system.one_latency())
-        for system in systems:
-            ordered = sorted(latencies[system.name])
-            results["systems"][system.name]["latency"] = {
-                "runs": latency_runs, "p50_ms": round(statistics.median(ordered) * 1000, 2),
-                "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2)}
-            print(f"{system.name:9} latency p50 {results['systems'][system.name]['latency']['p50_ms']} ms",
-                  flush=True)
-        for system in systems:
-            out = system.throughput("accept", flood, timeout=1800)
-            results["systems"][system.name]["flood"] = out
-            print(f"{system.name:9} flood N={flood} {out['seconds']} s", flush=True)
+        for section in args.only:
+            print(f"[{section}]", flush=True)
+            if section == "loops":
+                results["loops"] = section_loops(systems, args, events=False)
+            elif section == "events":
+                results["events"] = section_loops(systems, args, events=True)
+            elif section == "workers":
+                results["workers"] = section_workers(systems, args)
+            elif section == "sizes":
+                baseline.stop_workers()
+                results["sizes"] = section_sizes(tl, args)
+            elif section == "cancel":
+                baseline.stop_workers()
+                results["cancel"] = section_cancel(tl, args)
     finally:
         for system in systems:
-            system.stop_worker()
+            system.stop_workers()
         server.stop()
     return results
 
 
 def report(results: dict[str, Any]) -> str:
-    base, tl = results["systems"]["baseline"], results["systems"]["taskloop"]
-    lines = ["| measure | baseline (hand-rolled Celery) | taskloop | taskloop / baseline |", "|---|---|---|---|"]
-    for b, t in zip(base["throughput"], tl["throughput"], strict=True):
-        lines.append(f"| steps/s, {b['mode']}, N={b['n']} | {b['steps_per_s']} | {t['steps_per_s']} | "
-                     f"{t['steps_per_s'] / b['steps_per_s']:.2f} |")
-    bf, tf = base["flood"], tl["flood"]
-    lines.append(f"| flood of {bf['n']} loops: wall time s | {bf['seconds']} | {tf['seconds']} | "
-                 f"{tf['seconds'] / bf['seconds']:.2f} |")
-    lines.append(f"| flood: steps/s | {bf['steps_per_s']} | {tf['steps_per_s']} | "
-                 f"{tf['steps_per_s'] / bf['steps_per_s']:.2f} |")
-    bl, tll = base["latency"], tl["latency"]
-    lines.append(f"| latency of one 3-round loop, p50 ms | {bl['p50_ms']} | {tll['p50_ms']} | "
-                 f"{tll['p50_ms'] / bl['p50_ms']:.2f} |")
-    lines.append(f"| latency, p95 ms | {bl['p95_ms']} | {tll['p95_ms']} | {tll['p95_ms'] / bl['p95_ms']:.2f} |")
-    def largest_accept(system: dict[str, Any]) -> dict[str, Any]:
-        return max((t for t in system["throughput"] if t["mode"] == "accept"), key=lambda t: t["n"])
-
-    b1000, t1000 = largest_accept(base), largest_accept(tl)
-    lines.append(f"| Redis commands per round (accept, N={b1000['n']}) | {b1000['commands_per_round']} | "
-                 f"{t1000['commands_per_round']} | {t1000['commands_per_round'] / b1000['commands_per_round']:.2f} |")
-    lines.append(f"| Redis memory held per finished run, bytes (flood) | {bf['memory_per_run_bytes']} | "
-                 f"{tf['memory_per_run_bytes']} | |")
-    for name in b1000["cpu_ms_per_step"]:
-        bv, tv = b1000["cpu_ms_per_step"][name], t1000["cpu_ms_per_step"][name]
-        lines.append(f"| CPU ms per step, {name} (accept, N={b1000['n']}) | {bv:.2f} | {tv:.2f} | |")
-    bt, tt = sum(b1000["cpu_ms_per_step"].values()), sum(t1000["cpu_ms_per_step"].values())
-    lines.append(f"| CPU ms per step, all processes | {bt:.2f} | {tt:.2f} | {tt / bt:.2f} |")
-    lines.append("")
-    lines.append("ratios of runs made back to back (taskloop / baseline), median and samples:")
-    for label, paired in results.get("paired_ratios", {}).items():
-        lines.append(f"- {label}: {paired['median']} {paired['samples']}")
-    lines.append("")
-    lines.append(f"commands per round, baseline: {b1000['commands']}")
-    lines.append(f"commands per round, taskloop: {t1000['commands']}")
+    lines: list[str] = []
+    for section, title in (("loops", "events off (as shipped)"), ("events", "task events on in both (-E)")):
+        if section not in results:
+            continue
+        found = results[section]
+        lines += [f"### Loops, {title}", "", "| measure | baseline | taskloop | taskloop / baseline |",
+                  "|---|---|---|---|"]
+        for mode in ("accept", "exhaust"):
+            b, t, r = found[mode]["baseline"], found[mode]["taskloop"], found[mode]["ratio"]
+            lines.append(f"| steps/s, {mode}, N={b['n']} | {b['steps_per_s']} | {t['steps_per_s']} | "
+                         f"{r['median']} (samples {r['samples']}) |")
+        lat = found["latency"]
+        lines.append(f"| latency of one 3-round loop, p50 ms | {lat['baseline']['p50_ms']} | "
+                     f"{lat['taskloop']['p50_ms']} | {lat['ratio_p50']} |")
+        lines.append(f"| latency, p95 ms | {lat['baseline']['p95_ms']} | {lat['taskloop']['p95_ms']} | "
+                     f"{lat['taskloop']['p95_ms'] / lat['baseline']['p95_ms']:.2f} |")
+        b, t = found["accept"]["baseline"], found["accept"]["taskloop"]
+        lines.append(f"| Redis commands per round (accept) | {b['commands_per_round']} | {t['commands_per_round']} "
+                     f"| {t['commands_per_round'] / b['commands_per_round']:.2f} |")
+        lines.append(f"| Redis memory held per finished run, bytes | {b['memory_per_run_bytes']} | "
+                     f"{t['memory_per_run_bytes']} | |")
+        for name in b["cpu_ms_per_step"]:
+            lines.append(f"| CPU ms per step, {name} | {b['cpu_ms_per_step'][name]:.2f} | "
+                         f"{t['cpu_ms_per_step'][name]:.2f} | |")
+        lines += ["", f"commands per round, baseline: {b['commands']}", "",
+                  f"commands per round, taskloop: {t['commands']}", ""]
+    if "workers" in results:
+        lines += ["### Workers (accept)", "", "| workers | baseline steps/s | taskloop steps/s | ratio |",
+                  "|---|---|---|---|"]
+        for label, found in results["workers"].items():
+            lines.append(f"| {label} | {found['baseline']['steps_per_s']} | {found['taskloop']['steps_per_s']} | "
+                         f"{found['ratio']['median']} |")
+        lines.append("")
+    if "sizes" in results:
+        sizes = results["sizes"]
+        lines += ["### Run sizes (taskloop, 2 pool processes, no-op tasks)", "",
+                  "| run | start() s | total s | tasks/s |", "|---|---|---|---|"]
+        for n, found in sizes["wide"].items():
+            lines.append(f"| one run of {n} tasks | {found['start_s']} | {found['seconds']} | {found['tasks_per_s']} |")
+        for n, found in sizes["singles"].items():
+            lines.append(f"| {n} runs of 1 task | {found['start_s']} (all starts) | {found['seconds']} | "
+                         f"{found['tasks_per_s']} |")
+        chain = sizes["chain"]
+        lines.append(f"| a chain of {chain['tasks']} tasks | {chain['start_s']} | {chain['seconds']} | "
+                     f"{chain['tasks_per_s']} |")
+        lines += ["", f"largest run / as many one-task runs, tasks/s: {sizes['ratio_wide_to_singles']}", ""]
+    if "cancel" in results:
+        lines += ["### Cancel of a 10,000-task run under full load (2 nodes x 2 processes)", "",
+                  "| try | cancel() landed, ms | run ended cancelled, s | tasks done before |", "|---|---|---|---|"]
+        for i, found in enumerate(results["cancel"]["tries"], 1):
+            lines.append(f"| {i} | {found['landed_s'] * 1000:.1f} | {found['ended_s']} | "
+                         f"{found['tasks_done_before']} |")
+        lines.append("")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
-                        help="Celery task events on both systems (default on, as taskloop ships)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each throughput figure")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        type=lambda s: [p for p in s.split(",") if p],
+                        help=f"comma-separated sections, from {', '.join(SECTIONS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = parser.parse_args()
+    unknown = set(args.only) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     try:
         results = run(args)
     except Failure as exc:
@@ -343,7 +487,7 @@ def main() -> None:
     print()
     print(report(results))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

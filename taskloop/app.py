@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from taskloop import outbox
 from taskloop.config import Settings, celery_config_module, settings
 from taskloop.definitions import Workflow
 from taskloop.scheduler import Dispatch
@@ -99,30 +100,54 @@ def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str
 class PhaseSender:
     """Sends phase messages through one producer kept for the life of the process.
 
-    A pool process sends one message per phase; taking a producer from the pool for each costs
-    a noticeable share of the send. Broker errors are retried by Celery; if a send still fails,
-    the producer is dropped and the next send takes a fresh one (the phase stays queued with its
-    lease, and the reconciler re-sends it)."""
+    When the broker is the store's own Redis, ``fold`` returns the Redis commands that publish
+    the messages, for the commit to run inside its write (outbox.py); otherwise the commit calls
+    the sender after its write. A pool process sends one message per phase; taking a producer
+    from the pool for each costs a noticeable share of the send. Broker errors are retried by
+    Celery; if a send still fails, the producer is dropped and the next send takes a fresh one
+    (the phase stays queued with its lease, and the reconciler re-sends it)."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, store_url: str | None = None) -> None:
         self.app = app
         self._producer: Any = None
         self._lock = threading.Lock()
+        self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
+            and not app.conf.task_send_sent_event  # a "sent" event must not announce an unwritten plan
 
     def __call__(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
+        with self._lock:
+            self._locked_publish(workflow, run_id, dispatches)
+
+    def fold(self, workflow: Workflow, run_id: str,
+             dispatches: Sequence[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None:
+        """The Redis commands that publish these messages (None: send them after the write)."""
+        if not self.folds:
+            return None
+        with self._lock:
+            try:
+                return outbox.collect(self._acquire(), lambda: self._locked_publish(workflow, run_id, dispatches))
+            except outbox.OutboxUnsupported as exc:
+                log.info("messages are sent after each write: %s", exc)
+                self.folds = False
+                return None
+
+    def _acquire(self) -> Any:
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        return self._producer
+
+    def _locked_publish(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
         direct = dispatches[:FANOUT_DIRECT]
         rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
-        with self._lock:
-            if self._producer is None:
-                self._producer = self.app.producer_pool.acquire(block=True)
-            try:
-                for dispatch in direct:
-                    send_phase(self.app, workflow, run_id, dispatch, producer=self._producer)
-                for start in range(0, len(rest), FANOUT_CHUNK):
-                    send_fanout(self.app, workflow, run_id, rest[start:start + FANOUT_CHUNK], producer=self._producer)
-            except Exception:
-                self._release()
-                raise
+        producer = self._acquire()
+        try:
+            for dispatch in direct:
+                send_phase(self.app, workflow, run_id, dispatch, producer=producer)
+            for start in range(0, len(rest), FANOUT_CHUNK):
+                send_fanout(self.app, workflow, run_id, rest[start:start + FANOUT_CHUNK], producer=producer)
+        except Exception:
+            self._release()
+            raise
 
     def close(self) -> None:
         with self._lock:

@@ -273,7 +273,7 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     store = RedisStore(settings.redis_url)
     app = make_app(settings)
     while True:
-        report = reconcile(store, settings, PhaseSender(app))
+        report = reconcile(store, settings, PhaseSender(app, settings.redis_url))
         click.echo(str(report))
         if every is None:
             return

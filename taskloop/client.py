@@ -41,7 +41,7 @@ from taskloop.phases import (
     TaskRecord,
     TaskStatus,
 )
-from taskloop.scheduler import CANCEL_PREFIX, Dispatch, Planner
+from taskloop.scheduler import CANCEL_PREFIX, Planner
 from taskloop.store import Applied, Batch, RedisStore, RunMeta, Snapshot
 from taskloop.store import keys as k
 from taskloop.store.meta import decode_usage
@@ -145,11 +145,12 @@ class TaskLoop:
             self._app = make_app(self.settings)
         return self._app
 
-    def send(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None:
-        """Send phase messages (through a producer this client keeps)."""
+    @property
+    def send(self) -> PhaseSender:
+        """The sender of phase messages (one producer kept by this client)."""
         if self._sender is None:
-            self._sender = PhaseSender(self.app)
-        self._sender(workflow, run_id, dispatches)
+            self._sender = PhaseSender(self.app, self.settings.redis_url)
+        return self._sender
 
     def close(self) -> None:
         if self._sender is not None:
@@ -249,7 +250,7 @@ class TaskLoop:
                 else:
                     events = self.store.block_events(run_id, last, int(remaining * 1000))
                 if events:
-                    last = events[-1].id or last
+                    last = events[-1].entry_id or last
                     failures += notify(observers, events)
                     if any(e.type == ev.RUN_FINISHED for e in events):
                         break
@@ -289,7 +290,7 @@ class TaskLoop:
             termination_code=meta.termination.value if meta.termination else None,
             values=values,
             errors=_errors(tasks, meta.error),
-            usage=decode_usage(snap.fields),
+            usage=decode_usage(snap.fields, tasks.values()),
             observer_errors=observer_errors,
         )
 
@@ -313,7 +314,7 @@ class TaskLoop:
             input=snap.json(k.F_INPUT),
             created_at=meta.created,
             finished_at=meta.finished,
-            usage=decode_usage(fields),
+            usage=decode_usage(fields, tasks.values()),
             tasks=views,
             stats=stats,
             error=_run_error(meta.error),
@@ -322,7 +323,10 @@ class TaskLoop:
 
     def events(self, run_id: str, after: str | None = None) -> list[Event]:
         """The run's events in order (optionally only those after the event id ``after``)."""
-        found = self.store.events(run_id, after)
+        try:
+            found = self.store.events(run_id, after)
+        except ValueError as exc:
+            raise InvalidInput(f"events: after must be the id of an event of this run ({exc})") from None
         if not found and self.store.hmget(run_id, [k.F_WORKFLOW])[0] is None:
             raise RunNotFound(run_id)
         return found
@@ -432,8 +436,6 @@ class TaskLoop:
             planner.resume(replayable)
             return planner
 
-        now = clock.now()
-        self.store.relive(run_id, starting.look_at(now, self.settings))
         commit(self.store, plan, self.store.snapshot(run_id, [k.F_STATUS, k.F_CONTROL]), self.send)
         return RunHandle(self, run_id, known=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from taskloop import clock
 from taskloop import events as ev
@@ -26,6 +27,16 @@ MAX_ATTEMPTS = 50
 
 Sender = Callable[[Workflow, str, list[Dispatch]], None]
 Plan = Callable[[Snapshot], Planner]
+
+
+class Dispatcher(Protocol):
+    """A sender that can also hand over the Redis commands that publish its messages, to run inside
+    the write (taskloop/outbox.py); None means it sends after the write instead."""
+
+    def __call__(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None: ...
+
+    def fold(self, workflow: Workflow, run_id: str,
+             dispatches: list[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None: ...
 
 
 @dataclass(frozen=True)
@@ -52,10 +63,12 @@ def commit(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender,
     conflict: Conflict | None = None
     for _ in range(attempts):
         planner = plan(snapshot)
-        result = store.apply(planner.batch())
+        batch = planner.batch()
+        folded = _fold(send, planner, batch)
+        result = store.apply(batch)
         if isinstance(result, Applied):
             committed = Committed(planner, result.finished)
-            _after(store, committed, send)
+            _after(store, committed, None if folded else send)
             return committed
         conflict = result
         log.debug("run %s: conflict on %s, planning again", snapshot.run_id, conflict.label)
@@ -77,12 +90,23 @@ def refresh(store: RedisStore, snapshot: Snapshot) -> None:
     snapshot.ensure(names)
 
 
-def _after(store: RedisStore, committed: Committed, send: Sender) -> None:
+def _fold(send: Sender, planner: Planner, batch: Batch) -> bool:
+    """Put the messages of the plan into its write, when the sender can (see outbox.py)."""
+    fold = getattr(send, "fold", None)
+    if not planner.dispatches or fold is None:
+        return False
+    commands = fold(planner.workflow, planner.run_id, planner.dispatches)
+    if commands is None:
+        return False
+    for name, args in commands:
+        batch.push(name, *args)
+    return True
+
+
+def _after(store: RedisStore, committed: Committed, send: Sender | None) -> None:
     planner = committed.planner
-    if planner.dispatches:
+    if planner.dispatches and send is not None:
         send(planner.workflow, planner.run_id, planner.dispatches)
-    if committed.finished:
-        store.unlive([planner.run_id])
     observe(store, planner.workflow, planner.run_id, committed.events)
 
 

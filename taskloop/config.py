@@ -110,3 +110,9 @@ def reset() -> None:
     """Forget the cached settings (tests, or after changing the environment)."""
     global _settings
     _settings = None
+
+
+def min_lease_s(config: Settings) -> float:
+    """No lease is ever written closer to its expiry than this: the reconciler need not look at a
+    live run sooner (see taskloop/worker/reconciler.py)."""
+    return min(config.running_lease_s, config.queued_lease_s)

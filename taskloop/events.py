@@ -47,15 +47,19 @@ LOST = "lost"
 CACHE = "cache"
 OBSERVER_ERROR = "observer.error"
 
-# Stream field names (short, they are stored once per event).
-_FIELDS = (("type", "t"), ("key", "k"), ("round", "r"), ("phase", "p"), ("attempt", "a"), ("at", "at"))
+# Short names in the stream: events are stored once per write, all the events of one write in
+# one stream entry (field "e", a JSON list), so that a write costs one XADD.
+_SHORT = (("type", "t"), ("key", "k"), ("round", "r"), ("phase", "p"), ("attempt", "a"), ("at", "at"),
+          ("data", "d"))
 
 
 class Event(BaseModel):
-    """One entry of a run's history. Run-level and cache events leave unused fields None."""
+    """One entry of a run's history. Run-level and cache events leave unused fields None.
+
+    ``id`` is ``<stream entry id>:<index in the entry>``, e.g. ``"1764460000000-0:1"``."""
 
     model_config = ConfigDict(frozen=True)
-    id: str | None = None  # the stream id, e.g. "1764460000000-0"; None before it is stored
+    id: str | None = None
     run_id: str | None = None
     type: str
     key: str | None = None
@@ -65,30 +69,36 @@ class Event(BaseModel):
     at: float
     data: dict[str, Any] | None = None
 
-    def to_fields(self) -> list[str]:
-        out: list[str] = []
-        for name, short in _FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                out += [short, str(value)]
-        if self.data:
-            out += ["d", json.dumps(self.data, separators=(",", ":"))]
-        return out
+    def compact(self) -> dict[str, Any]:
+        return {short: getattr(self, name) for name, short in _SHORT if getattr(self, name) is not None}
 
     @classmethod
-    def from_stream(cls, run_id: str, entry_id: str, fields: dict[str, str]) -> Event:
-        data = fields.get("d")
-        return cls(
-            id=entry_id,
-            run_id=run_id,
-            type=fields["t"],
-            key=fields.get("k"),
-            round=int(fields["r"]) if "r" in fields else None,
-            phase=fields.get("p"),
-            attempt=int(fields["a"]) if "a" in fields else None,
-            at=float(fields["at"]),
-            data=json.loads(data) if data else None,
-        )
+    def from_compact(cls, run_id: str, event_id: str, found: dict[str, Any]) -> Event:
+        values: dict[str, Any] = {name: found[short] for name, short in _SHORT if short in found}
+        return cls(id=event_id, run_id=run_id, **values)
+
+    @property
+    def entry_id(self) -> str | None:
+        """The stream entry this event was stored in."""
+        return self.id.rpartition(":")[0] if self.id else None
+
+
+def entry_fields(events: list[Event]) -> list[str]:
+    """The stream entry of one write's events."""
+    return ["e", json.dumps([e.compact() for e in events], separators=(",", ":"), ensure_ascii=False)]
+
+
+def from_entry(run_id: str, entry_id: str, fields: dict[str, str]) -> list[Event]:
+    return [Event.from_compact(run_id, f"{entry_id}:{i}", found)
+            for i, found in enumerate(json.loads(fields["e"]))]
+
+
+def split_id(event_id: str) -> tuple[str, int]:
+    """An event id's stream entry and index (ValueError when it is not an event id)."""
+    entry, _, index = event_id.rpartition(":")
+    if not entry or not index.isdigit():
+        raise ValueError(f"{event_id!r} is not an event id (expected <stream id>:<index>)")
+    return entry, int(index)
 
 
 Observer = Callable[[Event], Any]

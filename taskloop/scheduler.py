@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskloop import events as ev
-from taskloop.config import Settings
+from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import Task, Workflow
 from taskloop.errors import CorruptRecord, LoopTaskExhausted, TaskTimeout, WorkflowBudgetExceeded
 from taskloop.events import Event
@@ -114,6 +114,12 @@ class Cap:
     label: str
 
 
+def counts_attempts(workflow: Workflow) -> bool:
+    """Only a budget on attempts needs a run-wide attempt counter (to admit against); the usage
+    reported to callers sums the records' own counts."""
+    return workflow.budget is not None and workflow.budget.attempts is not None
+
+
 def budget_caps(workflow: Workflow, consumed: int) -> list[Cap]:
     budget = workflow.budget
     caps: list[Cap] = []
@@ -136,7 +142,7 @@ def needs_preparation(task: Task, record: TaskRecord) -> bool:
     return not record.prepared and (task.condition is not None or task.cache is not None)
 
 
-def prepared_begin(workflow: Workflow, record: TaskRecord, raw: str, settings: Settings) -> str | None:
+def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -> str | None:
     """What beginning this queued phase will write, for begin.lua (None: the worker decides).
 
     The running record comes from the state machine; begin.lua fills in only the worker's name,
@@ -148,8 +154,8 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, raw: str, settings: S
     consumed = begun.attempts - record.attempts
     template = begun.model_dump_json(exclude_defaults=True, exclude=set(_FILLED_BY_BEGIN))
     return json.dumps({
-        "tok": record.token, "rnd": record.round, "ph": _value(record.phase), "exp": raw,
-        "rec": template[:-1], "cons": consumed,
+        "tok": record.token, "rnd": record.round, "ph": _value(record.phase),
+        "rec": template[:-1], "cons": consumed if counts_attempts(workflow) else 0,
         "caps": [[cap.field, cap.limit, cap.add] for cap in budget_caps(workflow, consumed)],
         "dl": record.deadline, "tmo": task.timeout_ms / 1000.0 if task.timeout_ms and record.deadline is None else None,
         "lease": settings.running_lease_s, "grace": settings.timeout_grace_s,
@@ -204,6 +210,7 @@ class Planner:
         self.counters: Counter[str] = Counter()
         self.caps: list[Cap] = []
         self.revive = False
+        self.indexes: list[tuple[str, str, float]] = []  # global index entries written with the plan
         self.exec_info: dict[str, dict[str, Any]] = {}  # key -> what ran, added to its first event
         self.control: str | None = snapshot.control
         self._ended: list[str] = []  # keys that became terminal in this plan, in order
@@ -261,7 +268,8 @@ class Planner:
             emitted.append(Event(type=ev.LOST, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         if new.status is TaskStatus.ACTIVE and (new.phase, new.round) != (old.phase, old.round):
             emitted.append(Event(type=ev.PHASE, key=key, round=new.round, phase=_value(new.phase), at=self.now))
-        if new.status is not old.status:
+        entered_phase = bool(emitted) and emitted[-1].type == ev.PHASE
+        if new.status is not old.status and not (new.status is TaskStatus.ACTIVE and entered_phase):
             data: dict[str, Any] = {"status": new.status.value}
             if new.error is not None and new.error is not old.error:
                 data.update(error=new.error.type, message=new.error.message)
@@ -312,6 +320,8 @@ class Planner:
             planner.run_updates[k.F_GATES] = json.dumps(list(workflow.gates))
         if pending is None:
             planner.run_updates.update({k.F_INPUT: input_raw, k.F_INPUT_DIGEST: digest, k.F_CREATED: repr(now)})
+            planner.indexes.append((k.RUNS_INDEX, run_id, now))
+        planner.indexes.append((k.LIVE_INDEX, run_id, now + min_lease_s(settings)))
         planner.events.append(Event(type=ev.RUN_STARTED, at=now,
                                     data={"workflow": workflow.name, "version": workflow.version}))
         for key in workflow.roots:
@@ -334,7 +344,8 @@ class Planner:
         old = self.record(key)
         begun = self.move(key, PhaseEvent(EventKind.BEGIN, self.now, worker=worker, timeout_ms=timeout_ms))
         consumed = begun.attempts - old.attempts
-        self.usage["attempts"] = self.usage.get("attempts", 0) + consumed
+        if counts_attempts(self.workflow):
+            self.usage["attempts"] = self.usage.get("attempts", 0) + consumed
         self.caps += budget_caps(self.workflow, consumed)
         return begun
 
@@ -386,6 +397,7 @@ class Planner:
         self.run_deletes += [k.F_CONTROL, k.F_TERMINATION, k.F_FINISHED]
         self.run_updates[k.F_STATUS] = RunStatus.RUNNING.value
         self.revive = True
+        self.indexes.append((k.LIVE_INDEX, self.run_id, self.now + min_lease_s(self.settings)))
         self.term = None
         self.events.append(Event(type=ev.RUN_RESUMED, at=self.now, data={"tasks": sorted(replay)}))
         for key in self.workflow.order:  # dependencies before dependents
@@ -469,7 +481,7 @@ class Planner:
             raw = record.dump()
             b.set(k.task_field(key), raw)
             if record.state in QUEUED_STATES:
-                prepared = prepared_begin(self.workflow, record, raw, self.settings)
+                prepared = prepared_begin(self.workflow, record, self.settings)
                 if prepared is not None:
                     b.set(k.begin_field(key), prepared)
             elif record.terminal and not self.new_run:
@@ -482,6 +494,8 @@ class Planner:
         for field in self.run_deletes:
             b.delete(field)
         b.revive = self.revive
+        for index in self.indexes:
+            b.index(*index)
         for event in self.events:
             b.event(event)
         for key, until in self.leases.items():
@@ -496,7 +510,7 @@ class Planner:
         if self.aborting:
             b.incr(k.F_OPEN, open_delta)
             self._finish(b)
-            b.finishes = True
+            b.finishes = b.ttl_leases = True
         elif open_delta < 0:
             self._read_outcome_fields()
             b.open_delta = open_delta

@@ -22,7 +22,7 @@ from typing import Any
 from taskloop import clock
 from taskloop import events as ev
 from taskloop.commit import Sender, commit, never
-from taskloop.config import Settings
+from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import REGISTRY, Workflow
 from taskloop.errors import CommitConflict, RunExists, WorkflowNotRegistered
 from taskloop.events import Event
@@ -57,18 +57,12 @@ def new_run_id(run_id: str | None) -> str:
     return k.check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
 
 
-def look_at(now: float, settings: Settings) -> float:
-    """When the reconciler should first look at a new run (see reconciler.py)."""
-    return now + min(settings.running_lease_s, settings.queued_lease_s)
-
-
 def start_defined(store: RedisStore, send: Sender, workflow: Workflow, input: Any, run_id: str | None,
                   settings: Settings, resend: Callable[[str], None] | None = None) -> Started:
     """Start a run of a workflow defined in this process: plan it and dispatch its roots."""
     input_raw, input_digest = prepare_input(input)
     run_id = new_run_id(run_id)
     now = clock.now()
-    store.index_run(run_id, now, look_at(now, settings))
 
     def plan(snap: Snapshot) -> Planner:
         return Planner.start_run(workflow, run_id, input_raw, input_digest, now, settings)
@@ -89,8 +83,8 @@ def record_pending(store: RedisStore, name: str, version: str | None, input: Any
     input_raw, input_digest = prepare_input(input)
     run_id = new_run_id(run_id)
     now = clock.now()
-    store.index_run(run_id, now, look_at(now, settings))
     batch = Batch(run_id).expect(k.F_WORKFLOW, None, "run exists")
+    batch.index(k.RUNS_INDEX, run_id, now).index(k.LIVE_INDEX, run_id, now + min_lease_s(settings))
     for field, value in ((k.F_FORMAT, k.FORMAT), (k.F_WORKFLOW, name), (k.F_VERSION, version or ""),
                          (k.F_STATUS, RunStatus.PENDING.value), (k.F_INPUT, input_raw),
                          (k.F_INPUT_DIGEST, input_digest), (k.F_CREATED, repr(now))):
@@ -145,8 +139,7 @@ def fail_pending(store: RedisStore, run_id: str, error: ErrorRecord | None, sett
                                                           **({"error": error.message} if error else {})}))
     batch.end_marker = status.value
     batch.ttl = settings.retention_s
-    if isinstance(store.apply(batch), Applied):
-        store.unlive([run_id])
+    store.apply(batch)
 
 
 def resend_queued(store: RedisStore, send: Sender, workflow: Workflow, run_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from taskloop.events import Event
+from taskloop.events import Event, entry_fields
 from taskloop.store import keys as k
 
 
@@ -21,6 +21,7 @@ class Writes:
         self.unlease: list[str] = []
         self.end_marker: str | None = None
         self.ttl: int | None = None
+        self.ttl_leases = False  # the run ends with leases left (an abort): they expire too
         self.revive = False
 
     def program(self) -> dict[str, Any]:
@@ -32,7 +33,7 @@ class Writes:
         if self.hincr:
             out["i"] = [[name, amount] for name, amount in self.hincr.items() if amount]
         if self.events:
-            out["x"] = [event.to_fields() for event in self.events]
+            out["x"] = [entry_fields(self.events)]
         if self.leases:
             out["l"] = [item for member, until in self.leases.items() for item in (until, member)]
         if self.unlease:
@@ -41,6 +42,8 @@ class Writes:
             out["e"] = self.end_marker
         if self.ttl is not None:
             out["t"] = self.ttl
+            if self.ttl_leases:
+                out["tl"] = True
         if self.revive:
             out["p"] = True
         return out
@@ -58,6 +61,9 @@ class Batch(Writes):
         self.open_delta = 0  # added to n:open; when it reaches 0, `final` is applied too
         self.final = Writes()
         self.finishes = False  # the batch ends the run whatever n:open says (an abort)
+        self.pushes: list[list[Any]] = []  # broker commands run with the writes (outbox.py)
+        self.broker_keys: list[str] = []
+        self.indexes: list[tuple[str, str, float]] = []  # (index key, member, score) before the write
 
     # guards ---------------------------------------------------------------------------------
     def expect(self, field: str, value: str | None, label: str = "") -> Batch:
@@ -107,8 +113,27 @@ class Batch(Writes):
             self.leases[key] = until
         return self
 
+    def push(self, name: str, key: str, *args: Any) -> Batch:
+        """A broker command (LPUSH of a Celery message) to run if the guards hold."""
+        if key not in self.broker_keys:
+            self.broker_keys.append(key)
+        self.pushes.append([name, len(k.RunKeys.of(self.run_id).all()) + self.broker_keys.index(key) + 1,
+                            *[a.decode() if isinstance(a, bytes) else a for a in args]])
+        return self
+
+    def index(self, key: str, member: str, score: float) -> Batch:
+        """A global index entry, written in the same round trip just before the script (outside it,
+        so that the script touches one run's slot only)."""
+        self.indexes.append((key, member, score))
+        return self
+
+    def all_keys(self) -> list[str]:
+        return [*self.keys.all(), *self.broker_keys]
+
     def argv(self) -> list[str]:
         program: dict[str, Any] = {"g": self.guards, "w": self.program()}
+        if self.pushes:
+            program["q"] = self.pushes
         if self.open_delta:
             program["z"] = {"n": self.open_delta, "w": self.final.program()}
         return [json.dumps(program, separators=(",", ":"), ensure_ascii=False)]

@@ -80,10 +80,13 @@ class RunMeta:
         return self.stored_status in _TERMINAL
 
 
-def decode_usage(fields: dict[str, str | None]) -> dict[str, Any]:
+def decode_usage(fields: Mapping[str, str | None], records: Iterable[TaskRecord]) -> dict[str, Any]:
+    """A run's usage: the attempts its tasks consumed (each record counts its own, replays and
+    resumes included) and the tokens its callbacks reported."""
     def n(name: str) -> int:
         return _int(fields.get(k.usage_field(name)))
-    return {"attempts": n("attempts"), "tokens": {"input": n("input"), "cached": n("cached"), "output": n("output")}}
+    return {"attempts": sum(r.attempts for r in records),
+            "tokens": {"input": n("input"), "cached": n("cached"), "output": n("output")}}
 
 
 class Snapshot:

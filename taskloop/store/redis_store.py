@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from taskloop.errors import StoreUnavailable
-from taskloop.events import Event
+from taskloop.events import Event, from_entry, split_id
 from taskloop.store import keys as k
 from taskloop.store.batch import Batch
 from taskloop.store.meta import Snapshot
@@ -48,6 +49,14 @@ def redact(url: str) -> str:
 
 def load_script(name: str) -> str:
     return resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+class _Script:
+    """A Lua script by the name Redis gives it (the SHA-1 of its source)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,7 @@ class RedisStore:
             single_connection_client=single_connection,
         )
         self._blocking: Any = None  # a client for blocking reads, made on first use
-        self._cas = self.client.register_script(load_script("cas"))
-        self._begin = self.client.register_script(load_script("begin"))
+        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin")}
 
     @staticmethod
     def _wrap(fn: Callable[P, T]) -> Callable[P, T]:
@@ -145,8 +153,8 @@ class RedisStore:
               fields: Sequence[str]) -> BeginReply:
         """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller."""
         keys = k.RunKeys.of(run_id)
-        began, values, more_names, more = self._begin(keys=[keys.run, keys.leases],
-                                                      args=[key, token, round, phase, worker_json, repr(now), *fields])
+        began, values, more_names, more = self._call("begin", [keys.run, keys.leases],
+                                                     [key, token, round, phase, worker_json, repr(now), *fields])
         found = dict(zip(more_names, more, strict=True))
         found.update(zip(fields, values, strict=True))
         return BeginReply(bool(began), found)
@@ -169,10 +177,15 @@ class RedisStore:
         return float(rows[0][1]) if rows else None
 
     @_wrap
-    def events(self, run_id: str, after: str | None = None, count: int | None = None) -> list[Event]:
-        start = f"({after}" if after else "-"
-        entries = self.client.xrange(k.RunKeys.of(run_id).events, start, "+", count=count)
-        return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in entries]
+    def events(self, run_id: str, after: str | None = None) -> list[Event]:
+        """The run's events in order; with ``after`` (an event id), only the later ones."""
+        if after is None:
+            entries = self.client.xrange(k.RunKeys.of(run_id).events, "-", "+")
+            return [e for entry_id, fields in entries for e in from_entry(run_id, entry_id, fields)]
+        entry, index = split_id(after)
+        entries = self.client.xrange(k.RunKeys.of(run_id).events, entry, "+")
+        found = [e for entry_id, fields in entries for e in from_entry(run_id, entry_id, fields)]
+        return [e for e in found if e.entry_id != entry or split_id(e.id or "")[1] > index]
 
     def _blocking_client(self, block_s: float) -> Any:
         """The client for blocking reads: its socket timeout outlasts the block by BLOCK_MARGIN_S, and
@@ -198,13 +211,15 @@ class RedisStore:
             return nothing
 
     @_wrap
-    def block_events(self, run_id: str, last_id: str, block_ms: int) -> list[Event]:
-        """Events after ``last_id``, waiting up to ``block_ms`` for the first one (XREAD BLOCK)."""
+    def block_events(self, run_id: str, last_entry: str, block_ms: int) -> list[Event]:
+        """Events of the entries after stream entry ``last_entry`` ("0-0": from the start), waiting
+        up to ``block_ms`` for the first one (XREAD BLOCK)."""
         stream = k.RunKeys.of(run_id).events
-        reply: Any = self._block(block_ms / 1000.0, lambda c: c.xread({stream: last_id}, block=max(block_ms, 1)), [])
+        reply: Any = self._block(block_ms / 1000.0,
+                                 lambda c: c.xread({stream: last_entry}, block=max(block_ms, 1)), [])
         if not reply:
             return []
-        return [Event.from_stream(run_id, entry_id, fields) for entry_id, fields in reply[0][1]]
+        return [e for entry_id, fields in reply[0][1] for e in from_entry(run_id, entry_id, fields)]
 
     @_wrap
     def block_end(self, run_id: str, block_ms: int) -> bool:
@@ -220,7 +235,20 @@ class RedisStore:
     @_wrap
     def apply(self, batch: Batch) -> Conflict | Applied:
         """Run the batch atomically: Applied, or the first guard that failed (nothing written)."""
-        reply = self._cas(keys=batch.keys.all(), args=[*batch.argv(), self.events_maxlen])
+        args: list[str | int] = [*batch.argv(), self.events_maxlen]
+        if batch.indexes:
+            pipe = self.client.pipeline(transaction=False)
+            for key, member, score in batch.indexes:
+                pipe.zadd(key, {member: score}, nx=key == k.RUNS_INDEX)  # a run keeps its creation time
+            keys = batch.all_keys()
+            pipe.evalsha(self._scripts["cas"].sha, len(keys), *keys, *args)
+            reply = pipe.execute(raise_on_error=False)[-1]
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = self._call("cas", keys, args)
+            elif isinstance(reply, Exception):
+                raise reply
+        else:
+            reply = self._call("cas", batch.all_keys(), args)
         if reply[0] == 1:
             return Applied(finished=batch.finishes or (reply[1] == 0 and batch.open_delta != 0))
         index = int(reply[1])
@@ -243,19 +271,6 @@ class RedisStore:
     @_wrap
     def stats(self) -> dict[str, str]:
         return dict(self.client.hgetall(k.STATS))
-
-    @_wrap
-    def index_run(self, run_id: str, created: float, look_at: float) -> None:
-        """List a new run for ``taskloop runs`` and for the reconciler (before its first write)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(k.RUNS_INDEX, {run_id: created})
-        pipe.zadd(k.LIVE_INDEX, {run_id: look_at})
-        pipe.execute()
-
-    @_wrap
-    def relive(self, run_id: str, look_at: float) -> None:
-        """A resumed run is live again."""
-        self.client.zadd(k.LIVE_INDEX, {run_id: look_at})
 
     @_wrap
     def unlive(self, run_ids: Sequence[str]) -> None:
@@ -316,6 +331,15 @@ class RedisStore:
     def trim_runs_index(self, before: float) -> int:
         """Drop index entries of runs created before ``before`` (their records have expired)."""
         return int(self.client.zremrangebyscore(k.RUNS_INDEX, "-inf", before))
+
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        """EVALSHA a script of ours (loading it first if this Redis does not have it yet)."""
+        script = self._scripts[name]
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(script.source)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     def close(self) -> None:
         self.client.close()

@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass, fields
 
 from taskloop import clock
 from taskloop.commit import Sender, commit
-from taskloop.config import Settings
+from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import REGISTRY, Workflow
 from taskloop.errors import CommitConflict, CorruptRecord, TaskLoopError
 from taskloop.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, State
 from taskloop.scheduler import CANCEL_PREFIX, Planner
-from taskloop.store import Batch, RedisStore, Snapshot
+from taskloop.store import Batch, RedisStore, RunMeta, Snapshot
 from taskloop.store import keys as k
 from taskloop.worker import recovery
 
@@ -62,37 +62,39 @@ class Report:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
-def min_lease_s(settings: Settings) -> float:
-    """No lease is ever written closer to its time than this (see the module docstring)."""
-    return min(settings.running_lease_s, settings.queued_lease_s)
-
-
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
-              limit: int = 500) -> Report:
-    """One pass over the live runs that are due."""
+              limit: int = 500, batches: int = 20) -> Report:
+    """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times)."""
     now = clock.now() if now is None else now
     report = Report()
-    for run_id in store.due_runs(now, limit):
-        report.runs += 1
-        try:
-            _reconcile_run(store, settings, send, run_id, now, report)
-        except TaskLoopError as exc:
-            log.warning("reconcile %r: %s", run_id, exc)
+    for _ in range(batches):
+        due = store.due_runs(now, limit)
+        rows = store.run_metas(due)
+        metas = {run_id: RunMeta.from_fields(run_id, dict(zip(k.META_FIELDS, row, strict=True)))
+                 for run_id, row in zip(due, rows, strict=True) if row[1] is not None}
+        over = [run_id for run_id in due if run_id not in metas or metas[run_id].terminal]
+        store.unlive(over)  # finished (or expired) runs leave the live index here, in bulk
+        report.forgotten += len(over)
+        for run_id, meta in metas.items():
+            if meta.terminal:
+                continue
+            report.runs += 1
+            try:
+                _reconcile_run(store, settings, send, meta, now, report)
+            except TaskLoopError as exc:
+                log.warning("reconcile %r: %s", run_id, exc)
+        if len(due) < limit:
+            break
     store.trim_runs_index(now - settings.retention_s)
-    if report.examined or report.gates_cancelled or report.forgotten:
+    if report.examined or report.gates_cancelled:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     return report
 
 
-def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, run_id: str, now: float,
+def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, meta: RunMeta, now: float,
                    report: Report) -> None:
-    snap = store.snapshot(run_id, k.META_FIELDS)
-    if not snap.exists or snap.meta().terminal:
-        store.unlive([run_id])
-        report.forgotten += 1
-        return
-    meta = snap.meta()
+    run_id = meta.run_id
     workflow: Workflow | None = None
     try:
         workflow = REGISTRY.get(meta.workflow, meta.version or None)

@@ -103,7 +103,8 @@ def executor(app: Celery, hostname: str) -> Executor:
     if _executor is None or _executor_pid != os.getpid():
         config = settings()
         store = RedisStore(config.redis_url, retries=10, single_connection=True, events_maxlen=config.events_maxlen)
-        _executor = Executor(store, config, taskloop_app.PhaseSender(app), f"{hostname}/{os.getpid()}")
+        _executor = Executor(store, config, taskloop_app.PhaseSender(app, config.redis_url),
+                             f"{hostname}/{os.getpid()}")
         _executor_pid = os.getpid()
     return _executor
 
@@ -194,7 +195,8 @@ def register(app: Celery) -> None:
         if config.reconcile_interval_s <= 0:
             return
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
-        thread = ReconcilerThread(store, config, taskloop_app.PhaseSender(app), config.reconcile_interval_s)
+        thread = ReconcilerThread(store, config, taskloop_app.PhaseSender(app, config.redis_url),
+                                  config.reconcile_interval_s)
         thread.start()
         threads.append(thread)
 

@@ -16,7 +16,7 @@ import pytest
 from taskloop.errors import StoreUnavailable
 from taskloop.models import executions
 from tests.faults import flows
-from tests.faults.harness import RESULTS, Cluster, Fault, Outcome, children_of
+from tests.faults.harness import RESULTS, Cluster, Fault, Outcome, alive, children_of
 
 SEED = int(os.environ.get("TASKLOOP_FAULT_SEED", "0")) or int(time.time()) % 100_000
 
@@ -130,9 +130,12 @@ def test_duplicate_delivery_and_replay_after_commit(cluster: Cluster, size: dict
 @pytest.mark.parametrize("size", SIZES)
 def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
     assert cluster.client is not None
+    # Given workers busy with phases
+    fleet = {name: proc.pid for name, proc in cluster.workers.items()}
     run_ids = cluster.start_runs(size["runs"])
     faults = []
-    for _ in range(max(1, size["faults"] // 5)):
+    # When Redis is killed with SIGKILL and restarted from its AOF, three times in a row
+    for _ in range(max(3, size["faults"] // 3)):
         cluster.pick_running()
         in_flight = []
         for run_id in run_ids:
@@ -147,7 +150,22 @@ def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
         time.sleep(1.0)
         cluster.redis.start()
         time.sleep(1.0)
-    finish(cluster, "kill -9 redis-server, restart from AOF", run_ids, faults)
+    # Then every run ends correctly ...
+    finish(cluster, "kill -9 redis-server, restart from AOF (3x in a row)", run_ids, faults)
+    # ... and the fleet is whole: every worker process that was started still runs, with its pool,
+    # and consumes new work
+    assert_fleet_alive(cluster, fleet)
+
+
+def assert_fleet_alive(cluster: Cluster, fleet: dict[str, int]) -> None:
+    assert cluster.client is not None
+    for name, pid in fleet.items():
+        assert cluster.workers[name].pid == pid and alive(pid), f"worker {name} (pid {pid}) died"
+        assert "Unrecoverable error" not in cluster.log(name), cluster.log(name)[-3000:]
+        assert len([p for p in children_of(pid) if alive(p)]) == 2, f"worker {name} lost pool processes"
+    after = cluster.start_runs(4, hold_s=0.05)
+    cluster.wait_all(after, timeout=60)
+    assert {cluster.client.status(run_id) for run_id in after} == {"done"}
 
 
 def test_a_phase_that_keeps_killing_its_worker_ends_failed(cluster: Cluster) -> None:

@@ -192,14 +192,15 @@ def test_prepared_begin_leaves_worker_time_and_deadline_to_begin_lua() -> None:
         tl.define_task("y", run=lambda ctx: 1, after=["x"]),
     ])
     queued = advance(initial_record(wf.by_key["x"]), PhaseEvent(EventKind.ACTIVATE, NOW))
-    prepared = json.loads(prepared_begin(wf, queued, queued.dump(), SETTINGS) or "{}")
-    assert prepared["tok"] == queued.token and prepared["ph"] == "attempt" and prepared["cons"] == 1
+    prepared = json.loads(prepared_begin(wf, queued, SETTINGS) or "{}")
+    assert prepared["tok"] == queued.token and prepared["ph"] == "attempt"
+    assert prepared["cons"] == 0  # no attempts budget: the run needs no attempt counter
     assert prepared["tmo"] == 1.5 and prepared["dl"] is None  # a new round: begin.lua sets the deadline
     assert prepared["rd"] == []  # an attempt cannot end the task: nothing to read for its outcome
     assert '"worker"' not in prepared["rec"] and not prepared["rec"].endswith("}")
     running = advance(queued, PhaseEvent(EventKind.BEGIN, NOW, timeout_ms=1500))
     check = advance(running, PhaseEvent(EventKind.CANDIDATE, NOW))
-    prepared = json.loads(prepared_begin(wf, check, check.dump(), SETTINGS) or "{}")
+    prepared = json.loads(prepared_begin(wf, check, SETTINGS) or "{}")
     assert prepared["dl"] == NOW + 1.5 and prepared["tmo"] is None  # the check keeps its round's deadline
     assert prepared["rd"] == [k.task_field("y"), k.F_TERMINATION, k.F_REJECTED, k.F_STATUS]
 

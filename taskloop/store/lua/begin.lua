@@ -1,7 +1,7 @@
 -- begin.lua: begin a prepared phase, or read what the caller needs to decide itself — one call.
 --
 -- When the scheduler queued a phase it also stored, in hash field "b:<key>", what beginning it
--- writes: the running record computed by the pure state machine (without its worker, begin time
+-- writes (for the record with that token): the running record computed by the pure state machine (without its worker, begin time
 -- and deadline, which only the executing worker knows), the budget caps to admit it against and
 -- the lease terms. This script checks that the message and the record still match, fills in
 -- those three fields, writes the record, counts the attempt and takes the lease.
@@ -22,8 +22,10 @@ local values = redis.call('HMGET', KEYS[1], 'b:' .. key, unpack(ARGV, 7))
 local prepared = table.remove(values, 1)
 if not prepared then return {0, values, {}, {}} end
 local pre = cjson.decode(prepared)
-if pre.tok ~= tonumber(ARGV[2]) or pre.rnd ~= tonumber(ARGV[3]) or pre.ph ~= ARGV[4]
-    or values[1] ~= pre.exp or values[2] then
+-- the message, the prepared begin and the record must all name the same token (every transition
+-- of the record changes its token), and the run must have no control flag
+if pre.tok ~= tonumber(ARGV[2]) or pre.rnd ~= tonumber(ARGV[3]) or pre.ph ~= ARGV[4] or values[2]
+    or not values[1] or cjson.decode(values[1]).token ~= pre.tok then
   return {0, values, {}, {}}
 end
 for _, cap in ipairs(pre.caps) do

@@ -1,17 +1,23 @@
 -- cas.lua: the one compare-and-set primitive of taskloop (a guarded batch write on one run).
 --
 -- KEYS: [1] run HASH  [2] events STREAM  [3] end LIST  [4] leases ZSET   (all of one run: one slot)
+--       [5..] broker queue LISTs of the messages in "q" (only when the broker is this same Redis)
 -- ARGV: [1] the batch as JSON (decoded here with cjson)  [2] MAXLEN of the events stream (approximate)
 --
--- The batch: {"g": guards, "w": writes, "z": {"n": delta, "w": writes}}
+-- The batch: {"g": guards, "w": writes, "q": pushes, "z": {"n": delta, "w": writes}}
 -- Guards (fields of the run hash, read with one HMGET; the first that fails aborts everything):
 --   ["eq", field, value]  equal   | ["nx", field]  absent   | ["ex", field]  present
 --   ["in", field, [v...]] one of   | ["cap", field, limit, add]  (value or 0) + add <= limit
 -- Writes (each part optional):
 --   "h": [f1, v1, f2, v2, ...] HSET   "d": [f...] HDEL   "i": [[f, n]...] HINCRBY
 --   "x": [[f1, v1, ...]...] XADD events (one entry each)   "l": [score, member, ...] ZADD leases
---   "r": [member...] ZREM leases   "e": value RPUSH end   "t": seconds EXPIRE every key
---   "p": true PERSIST every key and DEL end (a resumed run is live again)
+--   "r": [member...] ZREM leases   "e": value RPUSH end
+--   "t": seconds EXPIRE the run, its events and its end marker (and its leases with "tl": true:
+--        a run that ends with phases in flight); a finished run's lease set is empty, hence gone
+--   "p": true PERSIST the run's keys and DEL end (a resumed run is live again)
+-- "q" (optional): [["lpush", k, payload] | ["pexpire", k, ms]] the Celery messages the write
+--   dispatches, exactly as kombu would publish them (taskloop/outbox.py): sent if and only if
+--   the write is applied.
 -- "z" (optional): HINCRBY run field n:open by z.n, then apply z.w if it reached 0: the writes
 -- that finish the run, prepared by the scheduler, applied by whichever write ends the last task.
 -- Returns {1, open} (open: the new n:open, or false without "z"), or {0, i, current} when guard i
@@ -62,14 +68,20 @@ local function apply(w)
   if w.e then redis.call('RPUSH', endlist, w.e) end
   if w.p then
     redis.call('DEL', endlist)
-    for _, key in ipairs(KEYS) do redis.call('PERSIST', key) end
+    for _, key in ipairs({run, events, leases}) do redis.call('PERSIST', key) end
   end
   if w.t then
-    for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, w.t) end
+    for _, key in ipairs({run, events, endlist}) do redis.call('EXPIRE', key, w.t) end
+    if w.tl then redis.call('EXPIRE', leases, w.t) end
   end
 end
 
 apply(batch.w or {})
+for _, push in ipairs(batch.q or {}) do
+  if push[1] == 'lpush' then redis.call('LPUSH', KEYS[push[2]], push[3])
+  elseif push[1] == 'pexpire' then redis.call('PEXPIRE', KEYS[push[2]], push[3])
+  else return redis.error_reply('cas.lua: unknown push ' .. tostring(push[1])) end
+end
 local open = false
 if batch.z then
   open = redis.call('HINCRBY', run, 'n:open', batch.z.n)
