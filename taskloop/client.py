@@ -443,7 +443,7 @@ class TaskLoop:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""
         if action not in ("approve", "reject", "resume"):
             raise GateRefused(f"decide: action must be 'approve', 'reject' or 'resume', got {action!r}")
-        require_lossless(value, "run input", "$.value")
+        require_lossless(value, "gate value", InvalidInput, "$.value")
         meta = self._meta(run_id)
         wf = REGISTRY.get(meta.workflow, meta.version)
         gate = wf.by_key.get(key)

@@ -12,8 +12,6 @@ import json
 import math
 from typing import Any
 
-JSON = Any  # a lossless JSON value (see module docstring); recursive aliases confuse pydantic
-
 _MAX_DEPTH = 200
 _FIX = "use None, bool, int, finite float, str, list or dict with str keys"
 
@@ -48,20 +46,13 @@ def lossless_problem(value: Any, path: str = "$", depth: int = 0) -> str | None:
     return f"{path} is a {kind.__name__}"
 
 
-def require_lossless(value: Any, what: str, path: str = "$") -> None:
-    """Raise the given error type if ``value`` is not lossless JSON.
-
-    ``what`` is the subject of the message: ``"outputs"`` or ``"run input"``.
-    """
-    from taskloop.errors import InvalidInput, InvalidOutput
-
+def require_lossless(value: Any, what: str, error: type[Exception], path: str = "$") -> None:
+    """Raise ``error`` if ``value`` is not lossless JSON; ``what`` is the subject of the message
+    (e.g. ``"run input"``)."""
     problem = lossless_problem(value, path)
     if problem is None:
         return
-    message = f"{what} must be lossless JSON values: {problem}; {_FIX}"
-    if what == "run input":
-        raise InvalidInput(message)
-    raise InvalidOutput(message)
+    raise error(f"{what} must be lossless JSON values: {problem}; {_FIX}")
 
 
 def dumps(value: Any) -> str:
@@ -75,6 +66,3 @@ def canonical(value: Any) -> str:
         value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True
     )
 
-
-def loads(raw: str | bytes | None) -> Any:
-    return None if raw is None else json.loads(raw)

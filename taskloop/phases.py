@@ -116,6 +116,12 @@ _ACTIVE_STATES = {
     (Phase.RUN, Slot.RUNNING): State.RUNNING_RUN,
 }
 QUEUED_STATES = frozenset({State.QUEUED_ATTEMPT, State.QUEUED_CHECK, State.QUEUED_RUN})
+
+
+def active_state(phase: Phase, slot: Slot) -> State:
+    """The state of an active task whose current phase is ``phase``, queued or running."""
+    return _ACTIVE_STATES[(phase, slot)]
+
 RUNNING_STATES = frozenset({State.RUNNING_ATTEMPT, State.RUNNING_CHECK, State.RUNNING_RUN})
 
 
@@ -160,7 +166,7 @@ class TaskRecord(BaseModel):
     def state(self) -> State:
         if self.status is TaskStatus.ACTIVE:
             assert self.phase is not None and self.slot is not None
-            return _ACTIVE_STATES[(self.phase, self.slot)]
+            return active_state(self.phase, self.slot)
         return State(self.status.value)
 
     @property
@@ -177,6 +183,12 @@ class TaskRecord(BaseModel):
     @classmethod
     def load(cls, raw: str | bytes) -> TaskRecord:
         return cls.model_validate_json(raw)
+
+
+def round_deadline(began_at: float, timeout_ms: int) -> float:
+    """The deadline rule: a round (or try) must end ``timeout_ms`` after it began; a check keeps its
+    round's deadline. (begin.lua evaluates the same rule under the same name.)"""
+    return began_at + timeout_ms / 1000.0
 
 
 def lease_until(now: float, deadline: float | None, running_lease_s: float, grace_s: float) -> float:
@@ -299,7 +311,7 @@ def _begin(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     consumes = r.execs > 0 or r.phase is not Phase.CHECK
     deadline = r.deadline
     if deadline is None and e.timeout_ms is not None:
-        deadline = e.at + e.timeout_ms / 1000.0
+        deadline = round_deadline(e.at, e.timeout_ms)
     return {"slot": Slot.RUNNING, "execs": r.execs + 1, "attempts": r.attempts + int(consumes),
             "worker": e.worker, "began_at": e.at, "deadline": deadline, "not_before": None, "prepared": True}
 

@@ -24,7 +24,7 @@ from taskloop import events as ev
 from taskloop.commit import Sender, commit, never
 from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import REGISTRY, Workflow
-from taskloop.errors import CommitConflict, RunExists, WorkflowNotRegistered
+from taskloop.errors import CommitConflict, InvalidInput, RunExists, WorkflowNotRegistered
 from taskloop.events import Event
 from taskloop.jsonvalue import canonical, dumps, require_lossless
 from taskloop.phases import QUEUED_STATES, ErrorRecord, RunStatus
@@ -48,7 +48,7 @@ def digest(input_raw: str) -> str:
 
 def prepare_input(input: Any) -> tuple[str, str]:
     """The stored form of a run input and its digest (InvalidInput when it is not lossless JSON)."""
-    require_lossless(input, "run input")
+    require_lossless(input, "run input", InvalidInput)
     raw = dumps(input)
     return raw, digest(canonical(input))
 

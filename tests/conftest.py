@@ -8,6 +8,7 @@ every client and worker at it through TASKLOOP_REDIS_URL.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class Workers:
     def __init__(self, url: str, logdir: Path) -> None:
         self.url = url
         self.logdir = logdir
-        self.procs: dict[str, object] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = FLOW_MODULES,
               env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
@@ -77,12 +78,12 @@ class Workers:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            proc.terminate()  # type: ignore[attr-defined]
+            proc.terminate()
         for proc in self.procs.values():
             try:
-                proc.wait(20)  # type: ignore[attr-defined]
-            except Exception:
-                proc.kill()  # type: ignore[attr-defined]
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         self.procs.clear()
 
 

@@ -35,7 +35,7 @@ from taskloop.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.events import Event
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, TaskKind, TaskRecord
+from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskKind, TaskRecord, active_state
 from taskloop.scheduler import Planner
 from taskloop.store import Batch, Conflict, RedisStore, Snapshot
 from taskloop.store import keys as k
@@ -158,8 +158,7 @@ class Executor:
 
     def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
         """The full path: the message was not begun by begin.lua."""
-        expected = recovery.QUEUED_OF[phase]
-        if record.state is not expected or record.round != round or record.token != token:
+        if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token:
             if recovery.is_redelivery_of_running(record, phase, round, token) and self._lost(snap, record):
                 return self._recover(snap, record)
             return self._stale(snap, record, phase, round, token)

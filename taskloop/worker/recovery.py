@@ -19,13 +19,20 @@ import time
 
 from taskloop.definitions import Task
 from taskloop.errors import CorruptRecord, PhaseAbandoned
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, State, TaskKind, TaskRecord, TaskStatus
+from taskloop.phases import (
+    ErrorRecord,
+    EventKind,
+    Phase,
+    PhaseEvent,
+    Slot,
+    TaskKind,
+    TaskRecord,
+    TaskStatus,
+    active_state,
+)
 from taskloop.scheduler import Planner
 from taskloop.store import Snapshot
 from taskloop.store import keys as k
-
-RUNNING_OF = {Phase.ATTEMPT: State.RUNNING_ATTEMPT, Phase.CHECK: State.RUNNING_CHECK, Phase.RUN: State.RUNNING_RUN}
-QUEUED_OF = {Phase.ATTEMPT: State.QUEUED_ATTEMPT, Phase.CHECK: State.QUEUED_CHECK, Phase.RUN: State.QUEUED_RUN}
 
 
 def process_gone(pid: int) -> bool:
@@ -64,7 +71,7 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
 
 def is_redelivery_of_running(record: TaskRecord, phase: Phase, round: int, token: int) -> bool:
     """The message is the one whose execution the record shows running (BEGIN added one to its token)."""
-    return record.state is RUNNING_OF[phase] and record.round == round and record.token == token + 1
+    return record.state is active_state(phase, Slot.RUNNING) and record.round == round and record.token == token + 1
 
 
 def abandoned_error(record: TaskRecord, max_executions: int) -> ErrorRecord:

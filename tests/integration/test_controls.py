@@ -14,6 +14,7 @@ from taskloop.models import ExecView, executions
 from tests.integration import control_flows as cf
 from tests.integration.flows import recorded
 from tests.ledger import assert_balanced
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("workers")
 
@@ -22,6 +23,15 @@ GRACE = settings().timeout_grace_s  # the documented hard-limit grace (TASKLOOP_
 
 def _events(client, run_id: str, type_: str, key: str | None = None) -> list[tl.Event]:
     return [e for e in client.events(run_id) if e.type == type_ and (key is None or e.key == key)]
+
+
+def _reaped(pid: int) -> bool:
+    """The process is gone and its parent (the worker's pool) has collected it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def _execs(client, run_id: str) -> list[ExecView]:
@@ -57,15 +67,7 @@ def test_a_callback_that_ignores_the_signal_is_stopped_by_the_hard_limit(client,
     assert 0.5 <= elapsed <= 0.5 + GRACE + 1.5, elapsed  # slack for a loaded machine
     # the pool process that ran time.sleep(60) was stopped ...
     [pid] = recorded(probe, run.run_id, "stubborn_pid")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"process {pid} still runs the sleeping callback")
+    wait_until(lambda: _reaped(pid), timeout=10, what=f"process {pid} (the sleeping callback) to be stopped")
     # ... its worker forked a replacement, and keeps serving other work
     stats = client.app.control.inspect(timeout=5, limit=2).stats() or {}
     pools = {node: info["pool"]["processes"] for node, info in stats.items()}
@@ -231,13 +233,7 @@ def test_cache_key_errors_fail_the_task(client, key: str, error_type: str) -> No
 
 
 def _wait_started(probe, run_id: str) -> str:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        phase = probe.get(f"test:{run_id}:started")
-        if phase:
-            return phase
-        time.sleep(0.02)
-    raise AssertionError("the phase never started")
+    return wait_until(lambda: probe.get(f"test:{run_id}:started"), what="the phase to start")
 
 
 @pytest.mark.parametrize("phase", ["attempt", "check"])

@@ -19,6 +19,7 @@ from tests.integration import control_flows as cf
 from tests.integration import flows
 from tests.integration.flows import recorded
 from tests.ledger import assert_balanced
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("workers")
 
@@ -98,10 +99,7 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
                                                       k.F_OPEN: "1", k.F_ACTIVE: "1"})
     before = len(recorded(probe, run.run_id, "where"))
     send_phase(client.app, flows.spread, run.run_id, Dispatch("grind", Phase.CHECK, 3, 100))
-    deadline = time.monotonic() + 20
-    while client.inspect(run.run_id).tasks["grind"].status == "active":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: client.inspect(run.run_id).tasks["grind"].status != "active", what="the check to be refused")
     view = client.inspect(run.run_id)
     assert view.tasks["grind"].status == "failed"
     assert view.tasks["grind"].error.type == "CorruptRecord"
@@ -115,7 +113,6 @@ def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
     # Given a run whose first message was recorded but never sent (the client died in between)
     monkeypatch.setattr(taskloop.app, "send_phase", lambda *a, **kw: None)
     run = client.start(flows.core, input={})
-    time.sleep(0.5)
     assert client.inspect(run.run_id).tasks["source"].status == "active"
     monkeypatch.undo()
     # When a reconcile pass runs after the queued lease (300 s by default) has expired

@@ -33,6 +33,8 @@ for _, cap in ipairs(pre.caps) do
 end
 
 local now = tonumber(ARGV[6])
+-- round_deadline (taskloop/phases.py): a new round ends tmo seconds after it began; a check
+-- keeps its round's deadline (pre.dl)
 local deadline = pre.dl
 if deadline == cjson.null then deadline = nil end
 if deadline == nil and pre.tmo ~= cjson.null then deadline = now + pre.tmo end
