@@ -8,6 +8,7 @@ workflow name and version, so the module that defines a workflow must be importa
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -108,6 +109,23 @@ def _check_callable(value: object, message: str) -> None:
         raise DefinitionError(message)
 
 
+def _check_signature(owner: str, role: str, fn: Callable[..., Any], params: tuple[str, ...]) -> None:
+    """The callback must accept the arguments taskloop calls it with (checked now, not at run time)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins cannot be inspected: nothing to check
+        return
+    try:
+        signature.bind(*params)
+    except TypeError:
+        name = getattr(fn, "__qualname__", repr(fn))
+        takes = ", ".join(str(p.replace(annotation=inspect.Parameter.empty)) for p in signature.parameters.values())
+        raise DefinitionError(
+            f"{owner}: {role} must accept ({', '.join(params)}), but {name}({takes}) does not; "
+            f"define it as def {role}({', '.join(params)}): ..."
+        ) from None
+
+
 def _check_common(
     key: str,
     condition: object,
@@ -117,9 +135,12 @@ def _check_common(
 ) -> None:
     if condition is not None:
         _check_callable(condition, f"task {key}: condition must be a callable (ctx) -> bool")
+        _check_signature(f"task {key}", "condition", condition, ("ctx",))  # type: ignore[arg-type]
     check_timeout_ms(timeout_ms, f"task {key}")
     if cache is not None and not isinstance(cache, Cache):
         raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {cache!r}")
+    if isinstance(cache, Cache):
+        _check_signature(f"task {key}", "cache.key", cache.key, ("ctx",))
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise DefinitionError(f"task {key}: queue must be a non-empty queue name, got {queue!r}")
 
@@ -138,9 +159,12 @@ def define_task(
     """Declare a plain task: ``run(ctx)`` returns its (lossless JSON) value."""
     _check_key(key)
     _check_callable(run, f"define_task requires a run callback: task {key}: run must be callable")
+    _check_signature(f"task {key}", "run", run, ("ctx",))
     _check_common(key, condition, timeout_ms, cache, queue)
     if retry is not None and not isinstance(retry, Retry):
         raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {retry!r}")
+    if retry is not None and retry.accepts is not None:
+        _check_signature(f"task {key}", "retry.accepts", retry.accepts, ("error", "attempt"))
     return Task(
         key=key,
         kind=TaskKind.TASK,
@@ -175,6 +199,8 @@ def define_loop_task(
         )
     if not callable(attempt) or not callable(check):
         raise DefinitionError(f"define_loop_task requires attempt and check callbacks (task {key})")
+    _check_signature(f"task {key}", "attempt", attempt, ("ctx", "feedback"))
+    _check_signature(f"task {key}", "check", check, ("ctx", "candidate"))
     if retry is not None:
         raise DefinitionError(
             f"task {key}: loop tasks have no retry option (a round is the retry); "
@@ -400,8 +426,22 @@ class Registry:
         self._workflows: dict[tuple[str, str], Workflow] = {}
 
     def register(self, workflow: Workflow) -> None:
+        """Register a workflow. The same definition again (a module imported twice) is a no-op;
+        another definition under a registered name and version is refused."""
         with self._lock:
+            known = self._workflows.get((workflow.name, workflow.version))
+            if known is not None and _identity(known) != _identity(workflow):
+                raise DefinitionError(
+                    f"workflow {workflow.name} version {workflow.version!r} is already registered with another "
+                    f"definition (fingerprint {known.fingerprint}, this one {workflow.fingerprint}); give the "
+                    "changed workflow a new version, so that runs started under the old one keep it"
+                )
             self._workflows[(workflow.name, workflow.version)] = workflow
+
+    def unregister(self, name: str, version: str) -> None:
+        """Forget a registration (tests, and tools that reload workflow modules)."""
+        with self._lock:
+            self._workflows.pop((name, version), None)
 
     def get(self, name: str, version: str | None = None) -> Workflow:
         with self._lock:
@@ -436,6 +476,17 @@ class Registry:
     def names(self) -> list[tuple[str, str]]:
         with self._lock:
             return sorted(self._workflows)
+
+
+def _identity(workflow: Workflow) -> tuple[str, tuple[tuple[str, ...], ...]]:
+    """What makes two registrations the same definition: the shape (the fingerprint) and which
+    functions it calls, by qualified name."""
+    def name(fn: Callable[..., Any] | None) -> str:
+        return "" if fn is None else f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    callbacks = tuple(
+        tuple(name(fn) for fn in (t.run, t.attempt, t.check, t.condition, t.cache.key if t.cache else None))
+        for t in workflow.tasks)
+    return workflow.fingerprint, callbacks
 
 
 REGISTRY = Registry()

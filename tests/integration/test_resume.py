@@ -68,8 +68,11 @@ def test_an_exhausted_loop_stays_exhausted(client) -> None:
 
 
 def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
+    from taskloop.definitions import REGISTRY
+
     run_id = _broken_run(client, probe)
     original = cf.resumable
+    REGISTRY.unregister("resumable", "1")  # as if this process had deployed a changed definition
     try:
         tl.define_workflow("resumable", version="1", tasks=[  # same name and version, max_rounds changed
             tl.define_loop_task("fix", max_rounds=4, attempt=cf.fragile_attempt, check=cf.fragile_check),
@@ -78,8 +81,7 @@ def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
         with pytest.raises(tl.IncompatibleDefinition, match="resumes only under the definition it started with"):
             client.resume(run_id)
     finally:
-        from taskloop.definitions import REGISTRY
-
+        REGISTRY.unregister("resumable", "1")
         REGISTRY.register(original)
 
 

@@ -455,12 +455,20 @@ def _fix_workflow(max_rounds: int, name: str = "unit-fp") -> tl.Workflow:
 
 def test_fingerprint_is_stable_and_changes_with_max_rounds() -> None:
     first = _fix_workflow(3)
-    again = _fix_workflow(3)
-    changed = _fix_workflow(4)
+    again = _fix_workflow(3)  # the same definition again (a module imported twice): accepted
+    changed = _fix_workflow(4, name="unit-fp-4")
     assert re.fullmatch(r"[0-9a-f]{32}", first.fingerprint)
     assert first.fingerprint == again.fingerprint
     assert changed.fingerprint != first.fingerprint
-    assert REGISTRY.get("unit-fp", "1") is changed  # redefining replaces the registration
+    assert REGISTRY.get("unit-fp", "1") is again
+
+
+def test_another_definition_under_a_registered_name_and_version_is_refused() -> None:
+    _fix_workflow(3, name="unit-redefined")
+    with pytest.raises(DefinitionError, match=r"workflow unit-redefined version '1' is already registered with "
+                                              r"another definition .*give the changed workflow a new version"):
+        _fix_workflow(4, name="unit-redefined")
+    assert REGISTRY.get("unit-redefined", "1").task("fix").max_rounds == 3  # the first one stays
 
 
 def test_fingerprint_changes_with_the_graph() -> None:
@@ -468,7 +476,7 @@ def test_fingerprint_changes_with_the_graph() -> None:
     b_after = tl.define_task("b", run=run, after=[a])
     b_free = tl.define_task("b", run=run)
     linked = tl.define_workflow("unit-fp-graph", version="1", tasks=[a, b_after])
-    free = tl.define_workflow("unit-fp-graph", version="1", tasks=[a, b_free])
+    free = tl.define_workflow("unit-fp-graph", version="2", tasks=[a, b_free])
     assert linked.fingerprint != free.fingerprint
 
 
@@ -569,3 +577,44 @@ def test_loop_check_constructor_refuses_invalid_results(kwargs: dict[str, Any]) 
     with pytest.raises(InvalidCheckResult, match=CHECK_MSG):
         LoopCheck(**kwargs)
     assert issubclass(InvalidCheckResult, ValueError)
+
+
+# --- callback signatures (checked at definition time) ---------------------------------------------
+
+
+def one(ctx: object) -> int:
+    return 1
+
+
+def two(ctx: object, other: object) -> int:
+    return 2
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: tl.define_task("bad", run=two), r"task bad: run must accept \(ctx\), but two\(ctx, other\) does not; define it as def run\(ctx\)"),
+        (lambda: tl.define_loop_task("bad", max_rounds=2, attempt=one, check=two),
+         r"task bad: attempt must accept \(ctx, feedback\), but one\(ctx\) does not"),
+        (lambda: tl.define_loop_task("bad", max_rounds=2, attempt=two, check=lambda ctx: 1),
+         r"task bad: check must accept \(ctx, candidate\)"),
+        (lambda: tl.define_task("bad", run=one, condition=two), r"task bad: condition must accept \(ctx\)"),
+        (lambda: tl.define_task("bad", run=one, cache=tl.Cache(key=two)), r"task bad: cache.key must accept \(ctx\)"),
+        (lambda: tl.define_task("bad", run=one, retry=tl.Retry(attempts=2, accepts=one)),
+         r"task bad: retry.accepts must accept \(error, attempt\)"),
+    ],
+)
+def test_a_callback_with_the_wrong_parameters_is_refused_at_definition_time(build: Any, message: str) -> None:
+    with pytest.raises(DefinitionError, match=message):
+        build()
+
+
+def test_callbacks_with_defaults_varargs_and_async_are_accepted() -> None:
+    async def attempt(ctx: object, feedback: str | None, extra: int = 0) -> int:
+        return extra
+
+    def check(*args: object) -> tl.LoopCheck:
+        return tl.LoopCheck(done=True)
+
+    assert tl.define_loop_task("fine", max_rounds=2, attempt=attempt, check=check).is_loop
+    assert tl.define_task("fine", run=print).run is print  # a builtin that cannot be inspected

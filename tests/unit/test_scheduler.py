@@ -18,12 +18,13 @@ SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 1000.0
 
 
-def _flow(stop_on_error: bool = True, name: str = "plan-test") -> tl.Workflow:
+def _flow(stop_on_error: bool = True) -> tl.Workflow:
     a = tl.define_task("a", run=lambda ctx: 1)
     b = tl.define_loop_task("b", max_rounds=2, attempt=lambda c, f: 1, check=lambda c, x: tl.LoopCheck(done=True),
                             after=[a])
     c = tl.define_task("c", run=lambda ctx: 3, after=[b])
     d = tl.define_task("d", run=lambda ctx: 4)
+    name = "plan-test" if stop_on_error else "plan-test-continue"
     return tl.define_workflow(name, version="1", tasks=[a, b, c, d], stop_on_error=stop_on_error)
 
 
