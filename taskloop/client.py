@@ -303,7 +303,8 @@ class TaskLoop:
         meta = snap.meta()
         tasks = _records(snap)
         execs = executions(self.store.events(run_id))
-        views = {key: _task_view(rec, fields, execs.get(key, [])) for key, rec in tasks.items()}
+        ordered = sorted(tasks.values(), key=lambda r: (r.started_at is None, r.started_at or 0.0, r.key))
+        views = {rec.key: _task_view(rec, fields, execs.get(rec.key, [])) for rec in ordered}
         stats = {name.removeprefix("s:"): int(v) for name, v in fields.items() if name.startswith("s:") and v}
         return RunView(
             run_id=run_id,

@@ -8,7 +8,8 @@ the records can never disagree. Event types:
     reason; the tasks a resume replays)
 ``phase``
     a loop task entered (round, phase): ``attempt``, ``check`` or ``complete``; a plain task
-    entered ``run`` for a try. Each (task, round, phase) appears exactly once.
+    entered ``run`` for a try. Each (task, round, phase) appears exactly once. A ``complete``
+    carries the check's verdict (``data``: done, feedback — shortened to 300 characters).
 ``lost``
     an execution of the phase was lost (its worker died, hung or lost its lease); the phase is
     queued again as a replay (``data.exec`` says which execution)

@@ -263,7 +263,9 @@ class Planner:
         key = new.key
         emitted: list[Event] = []
         if old.state is State.RUNNING_CHECK and event.kind in (EventKind.ACCEPT, EventKind.REJECT):
-            emitted.append(Event(type=ev.PHASE, key=key, round=old.round, phase=Phase.COMPLETE.value, at=self.now))
+            verdict = {"done": event.kind is EventKind.ACCEPT, "feedback": _shorten(event.feedback)}
+            emitted.append(Event(type=ev.PHASE, key=key, round=old.round, phase=Phase.COMPLETE.value, at=self.now,
+                                 data=verdict))
         if event.kind is EventKind.EXPIRE:
             emitted.append(Event(type=ev.LOST, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         if new.status is TaskStatus.ACTIVE and (new.phase, new.round) != (old.phase, old.round):
@@ -539,6 +541,15 @@ class Planner:
         done = status is RunStatus.DONE
         final.ttl = self.settings.success_grace_s if done and self.workflow.delete_on_success \
             else self.settings.retention_s
+
+
+EVENT_TEXT_LIMIT = 300  # characters of a feedback quoted in an event (the whole one is in the round data)
+
+
+def _shorten(text: str | None) -> str | None:
+    if text is None or len(text) <= EVENT_TEXT_LIMIT:
+        return text
+    return text[:EVENT_TEXT_LIMIT - 3] + "..."
 
 
 def _value(phase: Phase | None) -> str | None:

@@ -120,6 +120,16 @@ class Cluster:
         self.workers[name] = proc
         wait_until_ready(proc, logfile, 30)
 
+    def celery_pid(self, name: str) -> int:
+        """The Celery worker process of ``taskloop worker`` ``name`` (its supervisor's child)."""
+        [child] = [pid for pid in children_of(self.workers[name].pid) if alive(pid)]
+        return child
+
+    def tree(self, name: str) -> list[int]:
+        """Every process of a worker: its supervisor, the Celery worker, and the pool."""
+        main = self.celery_pid(name)
+        return [self.workers[name].pid, main, *children_of(main)]
+
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()
 

@@ -68,11 +68,10 @@ def test_sigkill_pool_process_mid_attempt_and_mid_check(cluster: Cluster, size: 
 def test_sigkill_whole_worker(cluster: Cluster, size: dict) -> None:
     run_ids = cluster.start_runs(size["runs"])
     time.sleep(cluster.rng.uniform(0.3, 0.8))
-    victim = cluster.workers["f1"]
-    pool = set(children_of(victim.pid))
-    cluster.pick_running(pids=pool)  # make sure it is in the middle of something
+    supervisor, main, *pool = cluster.tree("f1")
+    cluster.pick_running(pids=set(pool))  # make sure it is in the middle of something
     hit = [_target(what) for pid, what in cluster.running().items() if pid in pool]
-    for pid in [victim.pid, *pool]:
+    for pid in [supervisor, main, *pool]:  # the whole machine goes: supervisor, worker and pool
         os.kill(pid, signal.SIGKILL)
     faults = [Fault("sigkill-worker", time.time(), hit)]
     cluster.start_worker("f3")  # capacity comes back under another name
@@ -131,7 +130,7 @@ def test_duplicate_delivery_and_replay_after_commit(cluster: Cluster, size: dict
 def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
     assert cluster.client is not None
     # Given workers busy with phases
-    fleet = {name: proc.pid for name, proc in cluster.workers.items()}
+    fleet = {name: cluster.celery_pid(name) for name in cluster.workers}
     run_ids = cluster.start_runs(size["runs"])
     faults = []
     # When Redis is killed with SIGKILL and restarted from its AOF, three times in a row
@@ -160,8 +159,10 @@ def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
 def assert_fleet_alive(cluster: Cluster, fleet: dict[str, int]) -> None:
     assert cluster.client is not None
     for name, pid in fleet.items():
-        assert cluster.workers[name].pid == pid and alive(pid), f"worker {name} (pid {pid}) died"
+        # the Celery worker process itself survived: not restarted by its supervisor
+        assert alive(pid) and cluster.celery_pid(name) == pid, f"worker {name} (pid {pid}) died"
         assert "Unrecoverable error" not in cluster.log(name), cluster.log(name)[-3000:]
+        assert "exited unexpectedly" not in cluster.log(name), cluster.log(name)[-3000:]
         assert len([p for p in children_of(pid) if alive(p)]) == 2, f"worker {name} lost pool processes"
     after = cluster.start_runs(4, hold_s=0.05)
     cluster.wait_all(after, timeout=60)

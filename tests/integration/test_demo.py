@@ -17,4 +17,4 @@ def test_demo_runs_end_to_end_on_an_embedded_redis(tmp_path) -> None:
     assert "embedded redis-server on redis://127.0.0.1:" in out
     assert ":6379/" not in out  # never the machine's shared Redis
     assert "status done" in out and "fix = 12" in out
-    assert "fix: rounds" in out and '"feedback": "Try again"' in out
+    assert "fix: rounds" in out and "rejected: Try again" in out and "accepted" in out

@@ -593,7 +593,8 @@ def two(ctx: object, other: object) -> int:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: tl.define_task("bad", run=two), r"task bad: run must accept \(ctx\), but two\(ctx, other\) does not; define it as def run\(ctx\)"),
+        (lambda: tl.define_task("bad", run=two),
+         r"task bad: run must accept \(ctx\), but two\(ctx, other\) does not; define it as def run\(ctx\)"),
         (lambda: tl.define_loop_task("bad", max_rounds=2, attempt=one, check=two),
          r"task bad: attempt must accept \(ctx, feedback\), but one\(ctx\) does not"),
         (lambda: tl.define_loop_task("bad", max_rounds=2, attempt=two, check=lambda ctx: 1),

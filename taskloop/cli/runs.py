@@ -1,0 +1,223 @@
+"""Commands about runs: start, inspect, runs, events, cancel, decide, resume, graph."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from taskloop import clock
+from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, console, import_modules, make_client, parse_json, resolve
+from taskloop.cli.display import Progress, ago, event_line, iso, print_result, render_run
+from taskloop.errors import RunNotFound, StoreUnavailable
+from taskloop.models import RunResult
+from taskloop.phases import RunStatus
+
+STATUSES = [s.value for s in RunStatus]
+
+
+class ConsumerWatch:
+    """While a run is waited for: say when no worker consumes its queue (Celery's inspect), and
+    when one does again. The wait goes on either way."""
+
+    def __init__(self, client: Any, notice: Any, hint: str) -> None:
+        self.client = client
+        self.notice = notice
+        self.hint = hint
+        self.queue = client.app.conf.task_default_queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="taskloop-consumer-watch", daemon=True)
+        self.missing = False
+
+    def __enter__(self) -> ConsumerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        delay = 1.0
+        while not self._stop.wait(delay):
+            delay = 10.0
+            try:
+                replies = self.client.app.control.inspect(timeout=1.0).active_queues() or {}
+            except Exception:  # the broker is away: the wait itself reports Redis outages
+                continue
+            consumed = any(q.get("name") == self.queue for queues in replies.values() for q in queues)
+            if not consumed and not self.missing and not self._stop.is_set():
+                self.missing = True
+                self.notice(f"no worker is consuming queue {self.queue!r}; start one with "
+                            f"`taskloop worker --import {self.hint}` (still waiting)")
+            elif consumed and self.missing:
+                self.missing = False
+                self.notice(f"a worker is consuming queue {self.queue!r} now")
+
+
+def wait_with_progress(client: Any, run_id: str, timeout: float | None, quiet: bool = False,
+                       hint: str = "MODULE") -> RunResult:
+    """Wait for a run, showing every task's round and phase as they happen (a live table in a
+    terminal, one line per event otherwise)."""
+    progress = Progress(run_id, console)
+    if quiet:
+        with ConsumerWatch(client, lambda m: click.echo(f"! {m}", err=True), hint):
+            return client.wait(run_id, timeout=timeout,  # type: ignore[no-any-return]
+                               on_notice=lambda m: click.echo(f"! {m}", err=True))
+    try:
+        progress.seed(client.inspect(run_id))
+    except (RunNotFound, StoreUnavailable):
+        pass
+    with ConsumerWatch(client, progress.notice, hint):
+        if not console.is_terminal:
+            console.print(f"run {run_id}")
+            return client.wait(run_id, timeout=timeout, on_event=progress,  # type: ignore[no-any-return]
+                               on_notice=progress.notice)
+        with Live(progress.render(), console=console, refresh_per_second=8) as live:
+            progress.live = live
+            result: RunResult = client.wait(run_id, timeout=timeout, on_event=progress, on_notice=progress.notice)
+            live.update(progress.render())
+            return result
+
+
+@click.command()
+@click.argument("workflow")
+@IMPORT_OPTION
+@click.option("--input", "input_json", default=None, metavar="JSON", help="Run input as JSON (default null).")
+@click.option("--version", "version", default=None, help="Workflow version (when several are registered).")
+@click.option("--run-id", default=None,
+              help="Your id for the run: starting it twice with the same input gives one run.")
+@click.option("--wait", is_flag=True, help="Wait for the run to end, showing its progress.")
+@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait at most (default: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="With --wait: print the result as JSON.")
+def start(workflow: str, imports: tuple[str, ...], input_json: str | None, version: str | None,
+          run_id: str | None, wait: bool, timeout: float | None, as_json: bool) -> None:
+    """Start a run of WORKFLOW. Without --import the run is started by name: a worker that has
+    the workflow plans it."""
+    import_modules(imports)
+    client = make_client()
+    handle = client.start(workflow, parse_json("--input", input_json), run_id=run_id, version=version)
+    if not wait:
+        click.echo(handle.run_id)
+        return
+    hint = imports[0] if imports else "MODULE"
+    result = wait_with_progress(client, handle.run_id, timeout, quiet=as_json, hint=hint)
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        print_result(console, result)
+    sys.exit(0 if result.status in ("done", "cancelled") else 1)
+
+
+@click.command()
+@click.argument("run_id")
+@JSON_OPTION
+def inspect(run_id: str, as_json: bool) -> None:
+    """Show a run: its tasks, every round's output, check, worker and durations, and errors.
+    RUN_ID may be a unique prefix."""
+    client = make_client()
+    view = client.inspect(resolve(client, run_id))
+    if as_json:
+        click.echo(view.model_dump_json(indent=2))
+    else:
+        render_run(console, view)
+
+
+@click.command()
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Only runs with this status.")
+@click.option("--workflow", default=None, help="Only runs of this workflow.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most this many runs.")
+@click.option("--ids", is_flag=True, help="Print only the run ids, one per line.")
+@JSON_OPTION
+def runs(status: str | None, workflow: str | None, limit: int, ids: bool, as_json: bool) -> None:
+    """List recent runs, newest first (full run ids; any unique prefix works in other commands)."""
+    found = make_client().runs(status=status, workflow=workflow, limit=limit)
+    if as_json:
+        click.echo(json.dumps([r.model_dump() for r in found], indent=2))
+        return
+    if ids or not console.is_terminal:
+        for r in found:
+            click.echo(r.run_id if ids else f"{r.run_id}\t{r.workflow}\t{r.version}\t{r.status}\t"
+                       f"{r.termination_code or ''}\t{iso(r.created_at)}")
+        return
+    now = clock.now()
+    table = Table("run id", "workflow", "status", "termination", "created")
+    table.columns[0].no_wrap = True
+    for r in found:
+        table.add_row(r.run_id, f"{r.workflow} v{r.version}", r.status, r.termination_code or "",
+                      f"{iso(r.created_at)} ({ago(r.created_at, now)})")
+    console.print(table)
+
+
+@click.command()
+@click.argument("run_id")
+@JSON_OPTION
+def events(run_id: str, as_json: bool) -> None:
+    """Print a run's events in order, with their time and the time since the run started.
+    RUN_ID may be a unique prefix."""
+    client = make_client()
+    found = client.events(resolve(client, run_id))
+    since = found[0].at if found else None
+    for event in found:
+        click.echo(event.model_dump_json() if as_json else event_line(event, since))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--reason", default="cancelled", show_default=True,
+              help="Why: recorded in the run, shown by inspect and events, and seen by ctx.signal.reason.")
+def cancel(run_id: str, reason: str) -> None:
+    """Cancel a run (a finished run is left as it is). RUN_ID may be a unique prefix."""
+    client = make_client()
+    click.echo(client.cancel(resolve(client, run_id), reason).message)
+
+
+@click.command()
+@click.argument("run_id")
+@IMPORT_OPTION
+@click.option("--wait", is_flag=True, help="Wait for the resumed run to end.")
+@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait at most.")
+def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | None) -> None:
+    """Replay the interrupted phases of a failed run. RUN_ID may be a unique prefix."""
+    import_modules(imports)
+    client = make_client()
+    handle = client.resume(resolve(client, run_id))
+    click.echo(f"run {handle.run_id} resumed")
+    if wait:
+        result = wait_with_progress(client, handle.run_id, timeout)
+        print_result(console, result)
+        sys.exit(0 if result.status == "done" else 1)
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("key")
+@click.argument("action", type=click.Choice(["approve", "reject", "resume"]))
+@click.option("--actor", required=True, help="Who decides (checked against the gate's actors).")
+@click.option("--reason", default="", help="Why: recorded with the decision.")
+@click.option("--value", "value_json", default=None, metavar="JSON", help="The gate's output as JSON (resume).")
+@IMPORT_OPTION
+def decide(run_id: str, key: str, action: str, actor: str, reason: str, value_json: str | None,
+           imports: tuple[str, ...]) -> None:
+    """Decide gate KEY of a waiting run: approve, reject, or resume (pause and input gates)."""
+    import_modules(imports)
+    client = make_client()
+    view = client.decide(resolve(client, run_id), key, action, actor, reason, parse_json("--value", value_json))
+    click.echo(f"run {view.run_id}: {view.status}")
+
+
+@click.command()
+@click.argument("workflow")
+@IMPORT_OPTION
+@click.option("--version", "version", default=None, help="Workflow version (when several are registered).")
+def graph(workflow: str, imports: tuple[str, ...], version: str | None) -> None:
+    """Print a workflow as a Mermaid flowchart."""
+    from taskloop.definitions import REGISTRY
+
+    import_modules(imports)
+    click.echo(REGISTRY.get(workflow, version).mermaid())
+
