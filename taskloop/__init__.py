@@ -11,6 +11,9 @@ from taskloop.errors import (
     InvalidInput,
     InvalidOutput,
     LoopTaskExhausted,
+    OutputTooLarge,
+    PhaseAbandoned,
+    RunExists,
     RunNotFound,
     RunTimeout,
     StoreUnavailable,
@@ -18,6 +21,7 @@ from taskloop.errors import (
     TaskLoopError,
     TaskTimeout,
     WorkflowBudgetExceeded,
+    WorkflowNotRegistered,
 )
 from taskloop.events import Event
 from taskloop.models import ErrorInfo, RoundView, RunResult, RunView, TaskView
@@ -38,8 +42,11 @@ __all__ = [
     "LoopCheck",
     "LoopContext",
     "LoopTaskExhausted",
+    "OutputTooLarge",
+    "PhaseAbandoned",
     "Retry",
     "RoundView",
+    "RunExists",
     "RunHandle",
     "RunNotFound",
     "RunResult",
@@ -56,6 +63,7 @@ __all__ = [
     "TaskView",
     "Workflow",
     "WorkflowBudgetExceeded",
+    "WorkflowNotRegistered",
     "define_gate",
     "define_loop_task",
     "define_task",

@@ -244,24 +244,25 @@ class TaskLoop:
                 )
             try:
                 if not observers:
-                    if self.store.block_end(run_id, int(remaining * 1000)):
-                        break
+                    ended = self.store.block_end(run_id, int(remaining * 1000))
                     events = []
                 else:
                     events = self.store.block_events(run_id, last, int(remaining * 1000))
+                    ended = any(e.type == ev.RUN_FINISHED for e in events)
+                outage.recovered()
                 if events:
                     last = events[-1].entry_id or last
                     failures += notify(observers, events)
-                    if any(e.type == ev.RUN_FINISHED for e in events):
-                        break
-                else:
+                if ended:
+                    break
+                if not events:
                     status = self._meta(run_id).stored_status
-                outage.recovered()
             except StoreUnavailable as exc:
                 outage.failed(exc, deadline)
         while True:
             try:
                 result = self.result(run_id)
+                outage.recovered()
                 break
             except StoreUnavailable as exc:
                 outage.failed(exc, deadline)

@@ -96,6 +96,10 @@ class Progress:
     started: float | None = None
     live: Live | None = None
     status: str = "running"
+    printed: int = 0
+
+    MAX_LINES = 200  # lines printed above the live table; past this only the table changes
+    MAX_ROWS = 25  # rows of the live table (the busiest first)
 
     def seed(self, view: RunView) -> None:
         for key, task in view.tasks.items():
@@ -119,10 +123,13 @@ class Progress:
                 if data.get("message"):
                     line.verdict = f"{data.get('error')}: {data['message']}"
             line.last = describe(event)
-        if self.live is not None:
-            self.live.update(self.render())
-        else:
+        if self.live is None:
             self.console.print(f"  {relative(event.at, self.started):>10}  {describe(event)}")
+            return
+        if _worth_a_line(event) and self.printed < self.MAX_LINES:
+            self.printed += 1
+            self.live.console.print(f"  {relative(event.at, self.started):>10}  {describe(event)}")
+        self.live.update(self.render())
 
     def notice(self, message: str) -> None:
         self.notices.append(message)
@@ -134,13 +141,23 @@ class Progress:
     def render(self) -> Group:
         table = Table("task", "status", "round", "phase", "last check / error", title=f"run {self.run_id}",
                       title_justify="left")
-        for line in self.tasks.values():
+        lines = sorted(self.tasks.values(), key=lambda t: (t.status != "active", t.status == "waiting"))
+        for line in lines[: self.MAX_ROWS]:
             style = STATUS_STYLE.get(line.status, "")
             table.add_row(line.key, Text(line.status, style=style), str(line.round or ""), line.phase or "",
                           Text(line.verdict, overflow="fold"))
+        if len(lines) > self.MAX_ROWS:
+            table.add_row(f"... {len(lines) - self.MAX_ROWS} more", "", "", "", "")
         parts: list[Any] = [table]
         parts += [Text(f"! {message}", style="yellow") for message in self.notices[-3:]]
         return Group(*parts)
+
+
+def _worth_a_line(event: Event) -> bool:
+    """What a live display also prints as a line: check verdicts, task endings, lost executions."""
+    data = event.data or {}
+    return (event.type == ev.PHASE and event.phase == "complete") or event.type == ev.LOST or (
+        event.type == ev.TASK and data.get("status") not in (None, "active", "waiting", "paused"))
 
 
 def print_result(console: Console, result: RunResult) -> None:

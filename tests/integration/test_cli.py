@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -85,3 +87,150 @@ def test_dead_redis_is_a_clear_error() -> None:
     assert done.returncode != 0
     assert "StoreUnavailable: cannot reach Redis at redis://127.0.0.1:1/0" in done.stderr
     assert "TASKLOOP_REDIS_URL" in done.stderr
+
+
+# --- the CLI a person can lean on ---------------------------------------------------------------
+
+
+def _started(*args: str) -> str:
+    done = taskloop("start", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_runs_prints_full_ids_and_any_unique_prefix_works() -> None:
+    run_id = _started("spread", "--import", "tests.integration.flows", "--input", '{"rounds": 1}', "--run-id",
+                      "cli-prefix-" + os.urandom(6).hex())
+    listed = taskloop("runs", "--ids", "--limit", "500")
+    assert run_id in listed.stdout.split()
+    piped = taskloop("runs", "--workflow", "spread", "--limit", "500")  # piped: no table, nothing cut
+    assert any(line.startswith(run_id + "\t") for line in piped.stdout.splitlines())
+    prefix = run_id[: len("cli-prefix-") + 5]
+    inspected = taskloop("inspect", prefix, "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    assert json.loads(inspected.stdout)["run_id"] == run_id
+    _started("spread", "--import", "tests.integration.flows", "--input", '{"rounds": 1}', "--run-id",
+             "cli-prefix-" + os.urandom(6).hex())
+    ambiguous = taskloop("inspect", "cli-prefix-")
+    assert ambiguous.returncode == 1 and "matches several runs" in ambiguous.stderr
+
+
+def test_version_status_choices_and_help_for_every_option() -> None:
+    from taskloop.cli import cli
+
+    version = taskloop("--version")
+    assert version.returncode == 0 and version.stdout.startswith("taskloop ")
+    bogus = taskloop("runs", "--status", "bogus")
+    assert bogus.returncode == 2 and "Invalid value for '--status'" in bogus.stderr and "'running'" in bogus.stderr
+    for name, command in cli.commands.items():
+        assert command.help, f"taskloop {name} has no help"
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert getattr(param, "help", None), f"taskloop {name} {param.opts} has no help"
+    completion = taskloop("completion", "bash")
+    assert completion.returncode == 0 and "_TASKLOOP_COMPLETE" in completion.stdout
+
+
+def test_events_have_human_timestamps_and_cancel_reason_is_recorded() -> None:
+    run_id = _started("sleeper", "--import", "tests.integration.flows", "--input", '{"seconds": 30}')
+    cancelled = taskloop("cancel", run_id[:12], "--reason", "the user asked")
+    assert cancelled.returncode == 0 and "cancelling" in cancelled.stdout
+    waited = taskloop("start", "sleeper", "--run-id", run_id, "--input", '{"seconds": 30}', "--wait",
+                      "--timeout", "30")
+    assert "status cancelled (termination aborted)" in waited.stdout
+    events = taskloop("events", run_id)
+    lines = events.stdout.splitlines()
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d +\+0\.000s  run\.started", lines[0])
+    assert any("run cancel requested: the user asked" in line for line in lines)
+    inspected = taskloop("inspect", run_id)
+    assert "cancel requested: the user asked" in inspected.stdout
+
+
+def test_a_failed_run_shows_its_error_feedback_and_traceback() -> None:
+    exhausted = _started("core", "--import", "tests.integration.flows", "--input", '{"target": 99, "numbered": true}')
+    crashed = _started("core", "--import", "tests.integration.flows", "--input", '{"fail": "attempt"}')
+    taskloop("start", "core", "--run-id", crashed, "--input", '{"fail": "attempt"}', "--wait", "--timeout", "30")
+    waited = taskloop("start", "core", "--run-id", exhausted, "--input", '{"target": 99, "numbered": true}',
+                      "--wait", "--timeout", "30")
+    assert "last feedback: Try again (after round 3)" in waited.stdout
+    shown = taskloop("inspect", exhausted).stdout
+    assert "LoopTaskExhausted: Loop task fix exhausted its 3 rounds" in shown
+    assert "fix: last feedback: Try again (after round 3)" in shown
+    assert re.search(r"w[12]@\S+", shown)  # the worker of each round ...
+    assert re.search(r"│ 0\.\d{3} ", shown)  # ... and how long its phases took
+    crash = taskloop("inspect", crashed).stdout
+    assert "ValueError: attempt exploded" in crash and "traceback (last" in crash
+    assert 'raise ValueError("attempt exploded")' in crash
+
+
+def test_a_url_that_does_not_lead_to_redis_is_one_clear_line(tmp_path) -> None:
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer_garbage() -> None:  # something that is not Redis
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    try:
+        for url in (f"redis://127.0.0.1:{listener.getsockname()[1]}/0", "http://127.0.0.1:8080/"):
+            done = taskloop("runs", env={"TASKLOOP_REDIS_URL": url})
+            assert done.returncode == 1, done.stdout
+            assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+            assert "redis://" in done.stderr  # it says what a Redis URL looks like
+    finally:
+        listener.close()
+
+
+def test_start_wait_with_no_worker_says_so_within_5_seconds(tmp_path) -> None:
+    from taskloop.embedded import RedisServer
+
+    with RedisServer(tmp_path) as lonely:  # a Redis that no worker consumes from
+        started = time.monotonic()
+        done = taskloop("start", "spread", "--import", "tests.integration.flows", "--input", '{"rounds": 1}',
+                        "--wait", "--timeout", "5", env={"TASKLOOP_REDIS_URL": lonely.url})
+        assert time.monotonic() - started < 30
+    assert done.returncode == 1
+    assert "no worker is consuming queue 'taskloop'; start one with `taskloop worker --import " \
+           "tests.integration.flows`" in done.stdout
+    assert "RunTimeout" in done.stderr
+
+
+def test_the_live_display_in_a_terminal() -> None:
+    import pty
+
+    # Given a real pseudo-terminal
+    command = [sys.executable, "-m", "taskloop", "start", "spread", "--import", "tests.integration.flows",
+               "--input", '{"rounds": 3}', "--wait"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+    env.pop("NO_COLOR", None)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on the terminal
+        os.chdir(REPO)
+        os.execve(sys.executable, command, env)
+    output = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))
+    # Then it drew a live table of the tasks with their round and phase, and the check verdicts
+    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert "┃ task" in text and "┃ round" in text and "┃ phase" in text and "grind" in text
+    assert "rejected: round 1 is not enough" in text and "accepted" in text
+    assert "status done" in text
