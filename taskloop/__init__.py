@@ -24,10 +24,13 @@ from taskloop.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.events import Event
+from taskloop.flow import llm_check, loop
+from taskloop.graph import Activation, Transition, TransitionHandler, define_graph_workflow, step
 from taskloop.models import ErrorInfo, RoundView, RunResult, RunView, TaskView
 from taskloop.options import Budget, Cache, LoopCheck, Retry
 
 __all__ = [
+    "Activation",
     "Budget",
     "Cache",
     "CancelResult",
@@ -61,11 +64,17 @@ __all__ = [
     "TaskLoopError",
     "TaskTimeout",
     "TaskView",
+    "Transition",
+    "TransitionHandler",
     "Workflow",
     "WorkflowBudgetExceeded",
     "WorkflowNotRegistered",
     "define_gate",
+    "define_graph_workflow",
     "define_loop_task",
     "define_task",
     "define_workflow",
+    "llm_check",
+    "loop",
+    "step",
 ]

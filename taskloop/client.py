@@ -29,6 +29,7 @@ from taskloop.errors import (
     StoreUnavailable,
 )
 from taskloop.events import Event, Observer, notify
+from taskloop.graph import step_of
 from taskloop.jsonvalue import dumps, require_lossless
 from taskloop.models import ErrorInfo, ExecView, RoundView, RunResult, RunSummary, RunView, TaskView, executions
 from taskloop.phases import (
@@ -314,6 +315,7 @@ class TaskLoop:
             status=meta.status.value,
             termination_code=meta.termination.value if meta.termination else None,
             input=snap.json(k.F_INPUT),
+            state=snap.json(k.F_STATE),
             created_at=meta.created,
             finished_at=meta.finished,
             usage=decode_usage(fields, tasks.values()),
@@ -425,8 +427,10 @@ class TaskLoop:
         def plan(view: Snapshot) -> Planner:
             if view.get(k.F_STATUS) != RunStatus.FAILED.value:
                 raise NotResumable(f"run {run_id} is no longer failed")
-            view.ensure([k.task_field(key) for key in wf.order])
-            failed = [r for r in (view.record(key) for key in wf.order) if r and r.status is TaskStatus.FAILED]
+            planner = Planner(wf, view, clock.now(), self.settings)
+            keys = planner.record_keys()
+            view.ensure([k.task_field(key) for key in keys])
+            failed = [r for r in (view.record(key) for key in keys) if r and r.status is TaskStatus.FAILED]
             replayable = {r.key for r in failed if r.error is None or r.error.type not in UNRESUMABLE_ERRORS}
             if not replayable:
                 why = "; ".join(f"task {r.key}: {r.error.message if r.error else 'failed'}" for r in failed)
@@ -434,7 +438,6 @@ class TaskLoop:
                     f"run {run_id} has nothing to resume ({why}): an exhausted loop stays exhausted and a "
                     "spent budget stays spent; start a new run instead"
                 )
-            planner = Planner(wf, view, clock.now(), self.settings)
             planner.resume(replayable)
             return planner
 
@@ -448,7 +451,7 @@ class TaskLoop:
         require_lossless(value, "gate value", InvalidInput, "$.value")
         meta = self._meta(run_id)
         wf = REGISTRY.get(meta.workflow, meta.version)
-        gate = wf.by_key.get(key)
+        gate = wf.lookup(key)
         if gate is None or not gate.is_gate:
             what = f"a {gate.kind.value}" if gate else "not a task of this workflow"
             raise GateRefused(f"decide: {key} is {what}, not a gate; gates: {list(wf.gates)}")
@@ -470,6 +473,10 @@ class TaskLoop:
 
         commit(self.store, plan, self.store.snapshot(run_id, [k.task_field(key), k.F_CONTROL]), self.send)
         return self.inspect(run_id)
+
+
+def _json(raw: str | None) -> Any:
+    return json.loads(raw) if raw is not None else None
 
 
 def _records(snap: Snapshot) -> dict[str, TaskRecord]:
@@ -500,11 +507,13 @@ def _task_view(record: TaskRecord, data: dict[str, str | None], execs: list[Exec
             output_raw = data.get(k.candidate_field(record.key, n))
             check_raw = data.get(k.check_field(record.key, n))
             phase = "complete" if check_raw is not None else "check" if output_raw is not None else "attempt"
+            notes = {p: json.loads(raw) for p in ("attempt", "check")
+                     if (raw := data.get(k.notes_field(record.key, n, p))) is not None}
             rounds.append(RoundView(
                 round=n, phase=phase,
                 output=json.loads(output_raw) if output_raw is not None else None,
                 check=json.loads(check_raw) if check_raw is not None else None,
-                execs=[e for e in execs if e.round == n],
+                execs=[e for e in execs if e.round == n], notes=notes,
             ))
     value_raw = data.get(k.value_field(record.key))
     error = None
@@ -517,6 +526,7 @@ def _task_view(record: TaskRecord, data: dict[str, str | None], execs: list[Exec
         attempts=record.attempts, value=json.loads(value_raw) if value_raw is not None else None,
         error=error, cache_hit=record.cache_hit, worker=record.worker,
         started_at=record.started_at, finished_at=record.finished_at, reason=record.reason, rounds=rounds,
+        step=step_of(record.key), activation=_json(data.get(k.activation_field(record.key))),
         execs=[] if record.kind is TaskKind.LOOP else execs,
     )
 

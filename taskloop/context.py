@@ -81,6 +81,8 @@ class TaskContext:
         after: tuple[str, ...],
         load_value: Callable[[str], Any],
         usage: UsageSink,
+        load_activation: Callable[[], Any] | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -93,6 +95,9 @@ class TaskContext:
         self._after = after
         self._load_value = load_value
         self._usage = usage
+        self._load_activation = load_activation
+        self.deadline = deadline  # epoch seconds by which this round (or try) must end, or None
+        self.notes: dict[str, Any] = {}  # recorded with the phase's outcome (e.g. a model's verdict)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.workflow}/{self.key} run={self.run_id} attempt={self.attempt}>"
@@ -103,6 +108,12 @@ class TaskContext:
         if self._input is _UNREAD:
             self._input = self._load_input()
         return self._input
+
+    @property
+    def activation(self) -> Any:
+        """In a graph workflow's step: the input its activation was given (``tl.Activation(step,
+        input)``), None for a plain activation. The run input (``ctx.input``) never changes."""
+        return self._load_activation() if self._load_activation is not None else None
 
     def value(self, task: Task | str) -> Any:
         """The value of a task listed in this task's ``after``."""
@@ -129,10 +140,18 @@ class TaskContext:
 class LoopContext(TaskContext):
     """Context of a loop task's attempt or check: adds ``round`` (1-based) and ``phase``."""
 
-    def __init__(self, *, round: int, phase: str, **kwargs: Any) -> None:
+    def __init__(self, *, round: int, phase: str, load_previous: Callable[[], Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.round = round
         self.phase = phase
+        self._load_previous = load_previous
+
+    @property
+    def previous(self) -> Any:
+        """The candidate of the previous round (None in round 1): what a loop that refines its
+        own output starts from."""
+        return self._load_previous() if self._load_previous is not None and self.round > 1 else None
 
     def __repr__(self) -> str:
         return (f"<LoopContext {self.workflow}/{self.key} run={self.run_id} round={self.round} "

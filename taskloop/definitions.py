@@ -12,13 +12,16 @@ import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from taskloop.errors import DefinitionError, WorkflowNotRegistered
 from taskloop.jsonvalue import canonical
 from taskloop.options import Budget, Cache, Retry, check_timeout_ms, is_safe_int
 from taskloop.phases import TaskKind
+
+if TYPE_CHECKING:
+    from taskloop.graph import GraphSpec
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 GATE_KINDS = ("approval", "pause", "input")
@@ -82,7 +85,7 @@ def task_key(ref: TaskRef) -> str:
     raise DefinitionError(f"expected a task or a task key, got {ref!r}")
 
 
-def _check_key(key: object, what: str = "task key") -> str:
+def check_name(key: object, what: str = "task key") -> str:
     if not isinstance(key, str) or not NAME_PATTERN.match(key):
         raise DefinitionError(
             f"{what} {key!r} is invalid: it must match [A-Za-z0-9][A-Za-z0-9._-]* "
@@ -109,7 +112,7 @@ def _check_callable(value: object, message: str) -> None:
         raise DefinitionError(message)
 
 
-def _check_signature(owner: str, role: str, fn: Callable[..., Any], params: tuple[str, ...]) -> None:
+def check_signature(owner: str, role: str, fn: Callable[..., Any], params: tuple[str, ...]) -> None:
     """The callback must accept the arguments taskloop calls it with (checked now, not at run time)."""
     try:
         signature = inspect.signature(fn)
@@ -135,12 +138,12 @@ def _check_common(
 ) -> None:
     if condition is not None:
         _check_callable(condition, f"task {key}: condition must be a callable (ctx) -> bool")
-        _check_signature(f"task {key}", "condition", condition, ("ctx",))  # type: ignore[arg-type]
+        check_signature(f"task {key}", "condition", condition, ("ctx",))  # type: ignore[arg-type]
     check_timeout_ms(timeout_ms, f"task {key}")
     if cache is not None and not isinstance(cache, Cache):
         raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {cache!r}")
     if isinstance(cache, Cache):
-        _check_signature(f"task {key}", "cache.key", cache.key, ("ctx",))
+        check_signature(f"task {key}", "cache.key", cache.key, ("ctx",))
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise DefinitionError(f"task {key}: queue must be a non-empty queue name, got {queue!r}")
 
@@ -157,14 +160,14 @@ def define_task(
     queue: str | None = None,
 ) -> Task:
     """Declare a plain task: ``run(ctx)`` returns its (lossless JSON) value."""
-    _check_key(key)
+    check_name(key)
     _check_callable(run, f"define_task requires a run callback: task {key}: run must be callable")
-    _check_signature(f"task {key}", "run", run, ("ctx",))
+    check_signature(f"task {key}", "run", run, ("ctx",))
     _check_common(key, condition, timeout_ms, cache, queue)
     if retry is not None and not isinstance(retry, Retry):
         raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {retry!r}")
     if retry is not None and retry.accepts is not None:
-        _check_signature(f"task {key}", "retry.accepts", retry.accepts, ("error", "attempt"))
+        check_signature(f"task {key}", "retry.accepts", retry.accepts, ("error", "attempt"))
     return Task(
         key=key,
         kind=TaskKind.TASK,
@@ -192,15 +195,15 @@ def define_loop_task(
     retry: object = None,
 ) -> Task:
     """Declare a loop task: attempt(ctx, feedback) then check(ctx, candidate), at most max_rounds."""
-    _check_key(key)
+    check_name(key)
     if not is_safe_int(max_rounds):
         raise DefinitionError(
             f"task {key}: max_rounds must be a positive safe integer (1 .. 2**53-1), got {max_rounds!r}"
         )
     if not callable(attempt) or not callable(check):
         raise DefinitionError(f"define_loop_task requires attempt and check callbacks (task {key})")
-    _check_signature(f"task {key}", "attempt", attempt, ("ctx", "feedback"))
-    _check_signature(f"task {key}", "check", check, ("ctx", "candidate"))
+    check_signature(f"task {key}", "attempt", attempt, ("ctx", "feedback"))
+    check_signature(f"task {key}", "check", check, ("ctx", "candidate"))
     if retry is not None:
         raise DefinitionError(
             f"task {key}: loop tasks have no retry option (a round is the retry); "
@@ -234,7 +237,7 @@ def define_gate(
     cache: object = None,
 ) -> Task:
     """Declare a human gate: the run waits in status ``waiting`` until ``client.decide``."""
-    _check_key(key)
+    check_name(key)
     if any(option is not None for option in (condition, retry, timeout_ms, cache)):
         raise DefinitionError(
             f"gate {key}: gates cannot use conditions, retries, timeouts or caches; remove them"
@@ -273,6 +276,7 @@ class Workflow:
     dependents: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     order: tuple[str, ...] = field(default=(), repr=False)  # dependencies before dependents
     fingerprint: str = field(default="", repr=False)
+    graph: GraphSpec | None = field(default=None, repr=False)  # a graph workflow (taskloop/graph.py)
 
     @property
     def roots(self) -> tuple[str, ...]:
@@ -286,14 +290,25 @@ class Workflow:
     def __repr__(self) -> str:
         return f"<workflow {self.name} v{self.version}: {', '.join(self.order)}>"
 
+    def lookup(self, key: str) -> Task | None:
+        """The task a record key runs: a task of the DAG, or for a graph workflow the step of an
+        action (``review@2`` runs step ``review`` under that key)."""
+        found = self.by_key.get(key)
+        if found is not None or self.graph is None:
+            return found
+        from taskloop.graph import step_of
+
+        step = self.graph.steps.get(step_of(key) or "")
+        return replace(step.task, key=key) if step is not None else None
+
     def task(self, key: str) -> Task:
-        try:
-            return self.by_key[key]
-        except KeyError:
+        found = self.lookup(key)
+        if found is None:
             raise DefinitionError(
                 f"workflow {self.name} v{self.version} has no task {key!r}; its tasks are "
                 f"{sorted(self.by_key)}"
-            ) from None
+            )
+        return found
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -302,11 +317,15 @@ class Workflow:
             "tasks": [self.by_key[k].describe() for k in self.order],
             "budget": self.budget.model_dump() if self.budget else None,
             "stop_on_error": self.stop_on_error,
+            **({"graph": self.graph.describe()} if self.graph is not None else {}),
         }
 
     def mermaid(self) -> str:
-        """The workflow as a Mermaid flowchart (``taskloop graph``)."""
+        """The workflow as a Mermaid flowchart (``taskloop graph``): a DAG's ``after`` links, or a
+        graph workflow's declared transitions (loops included)."""
         lines = ["flowchart TD"]
+        if self.graph is not None:
+            lines.append(f"    start((start)) --> {self.graph.entry}")
         for key in self.order:
             task = self.by_key[key]
             label = {
@@ -317,6 +336,8 @@ class Workflow:
             lines.append(f"    {label}")
             for dep in task.after:
                 lines.append(f"    {dep} --> {key}")
+        if self.graph is not None:
+            lines += [f"    {source} --> {target}" for source, target in sorted(self.graph.transitions)]
         return "\n".join(lines)
 
 
@@ -363,7 +384,7 @@ def define_workflow(
     observers: Iterable[Callable[..., Any]] = (),
 ) -> Workflow:
     """Validate a DAG of tasks and register it under ``name`` and ``version``."""
-    _check_key(name, "workflow name")
+    check_name(name, "workflow name")
     if not isinstance(version, str) or not version:
         raise DefinitionError(f"workflow {name}: version must be a non-empty string, e.g. version='1'")
     if isinstance(tasks, Task) or not tasks:
@@ -412,10 +433,15 @@ def define_workflow(
         dependents={key: tuple(found) for key, found in dependents.items()},
         order=order,
     )
-    fingerprint = hashlib.sha256(canonical(workflow.describe()).encode()).hexdigest()[:32]
-    object.__setattr__(workflow, "fingerprint", fingerprint)
+    object.__setattr__(workflow, "fingerprint", fingerprint_of(workflow))
     REGISTRY.register(workflow)
     return workflow
+
+
+def fingerprint_of(workflow: Workflow) -> str:
+    """The definition fingerprint a run pins: the shape of the workflow (tasks, limits, graph,
+    transition handler id and version), not its code."""
+    return hashlib.sha256(canonical(workflow.describe()).encode()).hexdigest()[:32]
 
 
 class Registry:

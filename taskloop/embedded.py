@@ -124,7 +124,7 @@ def wait_until_ready(proc: subprocess.Popen[bytes], logfile: str | Path, timeout
 
 def spawn_worker(redis_url: str, imports: list[str], concurrency: int = 2, name: str | None = None,
                  loglevel: str = "WARNING", logfile: str | None = None,
-                 extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                 extra_env: dict[str, str] | None = None, queues: str | None = None) -> subprocess.Popen[bytes]:
     """Start ``taskloop worker`` in a child process against ``redis_url``."""
     import sys
 
@@ -137,5 +137,7 @@ def spawn_worker(redis_url: str, imports: list[str], concurrency: int = 2, name:
         args += ["-n", name]
     if logfile:
         args += ["--logfile", logfile]
+    if queues:
+        args += ["-Q", queues]
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL if logfile else None,
                             stderr=subprocess.STDOUT if logfile else None)

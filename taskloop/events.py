@@ -13,6 +13,9 @@ the records can never disagree. Event types:
 ``lost``
     an execution of the phase was lost (its worker died, hung or lost its lease); the phase is
     queued again as a replay (``data.exec`` says which execution)
+``retry``
+    a flow loop's stop judgement failed and is tried again in the same round (``data``: the try,
+    when it is due, the error)
 ``task``
     a task changed status (``data``: status, error type/message when it failed, reason when it
     was skipped or cancelled)
@@ -20,6 +23,9 @@ the records can never disagree. Event types:
 The first event a phase's outcome writes carries ``data.exec``: the worker that ran it, when it
 began, how long it took and how many executions it needed; a lost execution carries
 ``data.exec.lost``.
+``transition``
+    a graph workflow's handler was applied after the action ``key`` ended (``data``: the steps
+    it activates next, the new state)
 ``cache``
     cache lookups (``phase``: ``hit``, ``miss``, ``stored``, ``failed``)
 ``observer.error``
@@ -45,6 +51,8 @@ RUN_RESUMED = "run.resumed"
 PHASE = "phase"
 TASK = "task"
 LOST = "lost"
+RETRY = "retry"
+TRANSITION = "transition"
 CACHE = "cache"
 OBSERVER_ERROR = "observer.error"
 

@@ -50,6 +50,7 @@ class RoundView(BaseModel):
     output: Any = None
     check: dict[str, Any] | None = None
     execs: list[ExecView] = Field(default_factory=list)
+    notes: dict[str, Any] = Field(default_factory=dict)  # e.g. {"check": {"llm": {prompt, reply, usage}}}
 
 
 class TaskView(BaseModel):
@@ -67,6 +68,8 @@ class TaskView(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     reason: str | None = None  # why it was skipped or cancelled
+    step: str | None = None  # a graph workflow's action: the step it activates ("review" for review@2)
+    activation: Any = None  # ... and the input of that activation
     rounds: list[RoundView] = Field(default_factory=list)
     execs: list[ExecView] = Field(default_factory=list)  # a plain task's tries
 

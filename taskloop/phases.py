@@ -12,6 +12,7 @@ whether its Celery message is queued or running::
     QUEUED_CHECK --BEGIN--> RUNNING_CHECK --ACCEPT--> DONE
                                           --REJECT--> QUEUED_ATTEMPT (round + 1) | FAILED (exhausted)
     WAITING --ACTIVATE--> QUEUED_RUN --BEGIN--> RUNNING_RUN --SUCCEED--> DONE | --RETRY--> QUEUED_RUN
+    RUNNING_CHECK --RETRY--> QUEUED_CHECK (a flow loop's stop judgement, same round)
     WAITING --ACTIVATE--> PAUSED (gate) --APPROVE--> DONE | --DENY--> REJECTED
 
 A waiting task counts the dependencies it still waits for (``waiting_on``); DEP_DONE lowers it,
@@ -149,6 +150,7 @@ class TaskRecord(BaseModel):
     token: int = 0  # fencing token: +1 on every transition
     attempts: int = 0  # attempts consumed: one per round/try, plus one per replay
     execs: int = 0  # executions of the current phase (1 = first, more = replays)
+    tries: int = 0  # retries of the current check (a flow loop's stop judgement)
     lost: int = 0  # executions of the current phase lost to a dead worker or an expired lease
     deadline: float | None = None  # epoch seconds; set when the round (or try) starts
     not_before: float | None = None  # retry backoff: the message is due at this time
@@ -211,7 +213,7 @@ class EventKind(str, Enum):
     REJECT = "reject"  # check rejected the candidate with feedback
     SUCCEED = "succeed"  # plain task returned, or a cache hit restored the value
     FAIL = "fail"  # callback error, invalid output, timeout, budget, ...
-    RETRY = "retry"  # plain task failed with tries left under its retry policy
+    RETRY = "retry"  # plain task (or a flow loop's check) failed with tries left under its retry policy
     CANCEL = "cancel"  # the run was cancelled or stopped
     EXPIRE = "expire"  # a running phase's lease expired: queue it again (a replay)
     REDISPATCH = "redispatch"  # a queued phase's message is presumed lost: send a new one
@@ -274,6 +276,7 @@ TABLE[(S.RUNNING_CHECK, E.ACCEPT)] = frozenset({S.DONE})
 TABLE[(S.RUNNING_CHECK, E.REJECT)] = frozenset({S.QUEUED_ATTEMPT, S.FAILED})
 TABLE[(S.RUNNING_RUN, E.SUCCEED)] = frozenset({S.DONE})
 TABLE[(S.RUNNING_RUN, E.RETRY)] = frozenset({S.QUEUED_RUN})
+TABLE[(S.RUNNING_CHECK, E.RETRY)] = frozenset({S.QUEUED_CHECK})
 del _queued, _running
 
 
@@ -287,7 +290,7 @@ def exhausted_error(key: str, max_rounds: int, feedback: str | None) -> ErrorRec
 
 def _queue(phase: Phase, round: int, **extra: Any) -> dict[str, Any]:
     return {"status": TaskStatus.ACTIVE, "phase": phase, "slot": Slot.QUEUED, "round": round,
-            "execs": 0, "lost": 0, "worker": None, "began_at": None, **extra}
+            "execs": 0, "lost": 0, "tries": 0, "worker": None, "began_at": None, **extra}
 
 
 def _dep_done(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
@@ -356,6 +359,14 @@ def _reject(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
     return _queue(Phase.ATTEMPT, r.round + 1, deadline=None)
 
 
+def _retry(r: TaskRecord, e: PhaseEvent) -> dict[str, Any]:
+    """A plain task's next try is its next round; a check is tried again in the same round (within
+    the round's deadline), counting its tries."""
+    if r.phase is Phase.CHECK:
+        return _queue(Phase.CHECK, r.round, deadline=r.deadline, not_before=e.not_before, tries=r.tries + 1)
+    return _queue(Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before)
+
+
 UNRESUMABLE_ERRORS = frozenset({LoopTaskExhausted.__name__, WorkflowBudgetExceeded.__name__})
 
 
@@ -387,7 +398,7 @@ _APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
     E.REJECT: _reject,
     E.SUCCEED: _succeed,
     E.FAIL: _finish(TaskStatus.FAILED),
-    E.RETRY: lambda r, e: _queue(Phase.RUN, r.round + 1, deadline=None, not_before=e.not_before),
+    E.RETRY: _retry,
     E.CANCEL: _finish(TaskStatus.CANCELLED),
     E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "began_at": None, "lost": r.lost + 1},
     E.REDISPATCH: lambda r, e: {},

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskloop import events as ev
+from taskloop import graph_plan
 from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import Task, Workflow
 from taskloop.errors import CorruptRecord, LoopTaskExhausted, TaskTimeout, WorkflowBudgetExceeded
@@ -147,7 +148,7 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
 
     The running record comes from the state machine; begin.lua fills in only the worker's name,
     the begin time and (for a new round with a timeout) the deadline, then takes the lease."""
-    task = workflow.by_key.get(record.key)
+    task = workflow.lookup(record.key)
     if task is None or needs_preparation(task, record):
         return None
     begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker="-"))
@@ -214,6 +215,7 @@ class Planner:
         self.exec_info: dict[str, dict[str, Any]] = {}  # key -> what ran, added to its first event
         self.control: str | None = snapshot.control
         self._ended: list[str] = []  # keys that became terminal in this plan, in order
+        self.guarded: set[str] = set()  # run fields read to be rewritten (guarded by the write)
         self._settled = 0
         self._term_read = False
         self.term: Termination | None = None
@@ -268,6 +270,10 @@ class Planner:
                                  data=verdict))
         if event.kind is EventKind.EXPIRE:
             emitted.append(Event(type=ev.LOST, key=key, round=new.round, phase=_value(new.phase), at=self.now))
+        if event.kind is EventKind.RETRY and new.phase is Phase.CHECK:  # same round and phase: say so
+            emitted.append(Event(type=ev.RETRY, key=key, round=new.round, phase=_value(new.phase), at=self.now,
+                                 data={"try": new.tries + 1, "due": new.not_before,
+                                       "error": event.error.message if event.error else None}))
         if new.status is TaskStatus.ACTIVE and (new.phase, new.round) != (old.phase, old.round):
             emitted.append(Event(type=ev.PHASE, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         entered_phase = bool(emitted) and emitted[-1].type == ev.PHASE
@@ -311,21 +317,25 @@ class Planner:
         planner = cls(workflow, snap, now, settings)
         planner.new_run = True
         planner._term_read = True
-        for task in workflow.tasks:
-            planner.tasks[task.key] = planner.changed[task.key] = initial_record(task)
-        planner.counters[k.F_OPEN] = len(workflow.tasks)
         planner.run_updates.update({
             k.F_FORMAT: k.FORMAT, k.F_WORKFLOW: workflow.name, k.F_VERSION: workflow.version,
             k.F_FINGERPRINT: workflow.fingerprint, k.F_STATUS: RunStatus.RUNNING.value,
         })
-        if workflow.gates:
-            planner.run_updates[k.F_GATES] = json.dumps(list(workflow.gates))
         if pending is None:
             planner.run_updates.update({k.F_INPUT: input_raw, k.F_INPUT_DIGEST: digest, k.F_CREATED: repr(now)})
             planner.indexes.append((k.RUNS_INDEX, run_id, now))
         planner.indexes.append((k.LIVE_INDEX, run_id, now + min_lease_s(settings)))
         planner.events.append(Event(type=ev.RUN_STARTED, at=now,
                                     data={"workflow": workflow.name, "version": workflow.version}))
+        if workflow.graph is not None:  # a graph run starts with its entry's first activation
+            graph_plan.start(planner, workflow.graph)
+            planner.settle()
+            return planner
+        for task in workflow.tasks:
+            planner.tasks[task.key] = planner.changed[task.key] = initial_record(task)
+        planner.counters[k.F_OPEN] = len(workflow.tasks)
+        if workflow.gates:
+            planner.run_updates[k.F_GATES] = json.dumps(list(workflow.gates))
         for key in workflow.roots:
             planner._activate(key)
         planner.settle()
@@ -375,12 +385,29 @@ class Planner:
         self.aborting = True
 
     def cancel_gates(self) -> None:
-        """End the paused gates of a stopped or cancelled run (nothing else would)."""
+        """End the paused gates of a stopped or cancelled run (nothing else would). The run lists
+        its gates (a graph run, those it activated so far)."""
         assert self.control is not None
         reason = ending_reason(self.control)
-        for key in self.workflow.gates:
+        gates = self.run_updates.get(k.F_GATES) or self.guard(k.F_GATES)
+        for key in json.loads(gates or "[]"):
             if self.record(key).state is State.PAUSED:
                 self.move(key, PhaseEvent(EventKind.CANCEL, self.now, reason=reason))
+
+    def fail_run(self, error: ErrorRecord, termination: Termination = Termination.FAILED) -> None:
+        """End the run by its own rules (a graph's handler, state or transition was invalid): the
+        error is the run's, nothing new starts, and what still runs ends cancelled."""
+        self._read_outcome_fields()
+        if self.term is None:
+            self.term = termination
+            self.run_updates[k.F_TERMINATION] = termination.value
+        self.run_updates[k.F_ERROR] = error.model_dump_json()
+        self.stop("limit" if termination is Termination.LIMIT else "failed")
+
+    def guard(self, field: str) -> str | None:
+        """Read a run field that this plan will rewrite from what it read: the write guards it."""
+        self.guarded.add(field)
+        return self.snapshot.get(field)
 
     def decide(self, key: str, approve: bool, value_raw: str | None, gate_event: Event) -> None:
         kind = EventKind.APPROVE if approve else EventKind.DENY
@@ -393,27 +420,35 @@ class Planner:
     def resume(self, replay: set[str]) -> None:
         """Reopen a failed run: replay the interrupted phases in ``replay``, and let the tasks that
         were cancelled or skipped because of them run again. Reads every record (O(tasks))."""
-        self.snapshot.ensure([k.task_field(key) for key in self.workflow.order])
+        keys = self.record_keys()
+        self.snapshot.ensure([k.task_field(key) for key in keys])
         self._read_outcome_fields()
         self.control = None
-        self.run_deletes += [k.F_CONTROL, k.F_TERMINATION, k.F_FINISHED]
+        self.run_deletes += [k.F_CONTROL, k.F_TERMINATION, k.F_FINISHED, k.F_ERROR]
         self.run_updates[k.F_STATUS] = RunStatus.RUNNING.value
         self.revive = True
         self.indexes.append((k.LIVE_INDEX, self.run_id, self.now + min_lease_s(self.settings)))
         self.term = None
         self.events.append(Event(type=ev.RUN_RESUMED, at=self.now, data={"tasks": sorted(replay)}))
-        for key in self.workflow.order:  # dependencies before dependents
+        for key in keys:  # dependencies before dependents
             record = self.record(key)
             reopen = key in replay or record.status is TaskStatus.CANCELLED or (
                 record.status is TaskStatus.SKIPPED and record.reason != "condition")
             if not reopen:
                 continue
-            waiting_on = sum(1 for dep in self.workflow.by_key[key].after
+            waiting_on = sum(1 for dep in self.workflow.task(key).after
                              if self.record(dep).status is not TaskStatus.DONE)
             reopened = self.move(key, PhaseEvent(EventKind.RESUME, self.now, waiting_on=waiting_on))
             if reopened.state is State.WAITING and reopened.waiting_on == 0:
                 self._activate(key)
         self.settle()
+
+    def record_keys(self) -> list[str]:
+        """Every task record of the run, dependencies first: a DAG's tasks, or a graph run's actions
+        so far (reads the activation counters)."""
+        if self.workflow.graph is None:
+            return list(self.workflow.order)
+        return graph_plan.action_keys(self)
 
     # settling -------------------------------------------------------------------------------
     def settle(self) -> None:
@@ -423,12 +458,17 @@ class Planner:
             key = self._ended[self._settled]
             self._settled += 1
             record = self.tasks[key]
-            if record.status is TaskStatus.FAILED:
-                self._on_failure(record)
+            budget = record.error is not None and record.error.type == WorkflowBudgetExceeded.__name__
+            if record.status is TaskStatus.FAILED and (self.workflow.graph is None or budget):
+                self.note_failure(record)
             elif record.status is TaskStatus.REJECTED and not self.rejected:
                 self._read_outcome_fields()
                 self.rejected = True
                 self.run_updates[k.F_REJECTED] = "1"
+            if self.workflow.graph is not None:
+                if not budget:
+                    graph_plan.after_action(self, record)
+                continue
             for dependent in self.workflow.dependents.get(key, ()):
                 waiting = self.record(dependent)
                 if waiting.state is not State.WAITING:
@@ -454,7 +494,9 @@ class Planner:
         kind = EventKind.CANCEL if reason == "cancelled" else EventKind.SKIP
         self.move(key, PhaseEvent(kind, self.now, reason=reason))
 
-    def _on_failure(self, record: TaskRecord) -> None:
+    def note_failure(self, record: TaskRecord) -> None:
+        """A task failed for good: the run's termination (the first failure's), and a stop when the
+        workflow stops on errors or the budget is spent."""
         self._read_outcome_fields()
         if self.term is None:
             self.term = termination_for(record.error)
@@ -477,6 +519,8 @@ class Planner:
             for key in self.tasks:
                 b.expect(k.task_field(key), snap.fields.get(k.task_field(key)), f"task:{key}")
         b.expect(k.F_CONTROL, snap.fields.get(k.F_CONTROL), "control")
+        for field in sorted(self.guarded):
+            b.expect(field, snap.fields.get(field), field)
         for cap in self.caps:
             b.cap(cap.field, cap.limit, cap.add, cap.label)
         for key, record in self.changed.items():

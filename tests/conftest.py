@@ -19,7 +19,7 @@ from taskloop import config
 from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
-FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows")
+FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows", "tests.integration.graph_flows")
 
 
 def _redis_available() -> bool:
@@ -65,11 +65,11 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = FLOW_MODULES,
-              env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+              env: dict[str, str] | None = None, timeout: float = 30.0, queues: str | None = None) -> None:
         logfile = self.logdir / f"{name}.log"
         extra = {"PYTHONPATH": str(REPO), **(env or {})}
         proc = spawn_worker(self.url, list(imports), concurrency=concurrency, name=f"{name}@%h",
-                            loglevel="INFO", logfile=str(logfile), extra_env=extra)
+                            loglevel="INFO", logfile=str(logfile), extra_env=extra, queues=queues)
         self.procs[name] = proc
         wait_until_ready(proc, logfile, timeout)
 

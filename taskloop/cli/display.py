@@ -187,14 +187,21 @@ def render_run(console: Console, view: RunView) -> None:
     if view.error is not None:
         console.print(f"[red]{view.error.type}: {view.error.message}[/]")
     console.print(f"input {short(view.input, 200)}  usage {json.dumps(view.usage)}")
-    table = Table("task", "kind", "status", "round", "attempts", "took", "value / error")
+    graph = any(task.step is not None for task in view.tasks.values())
+    if graph:
+        console.print(f"state {json.dumps(view.state, ensure_ascii=False)}", markup=False)
+    table = Table("action" if graph else "task", "kind", "status", "round", "attempts", "took", "value / error")
+    if graph:
+        table.add_column("activation input")
     for task in view.tasks.values():
         detail = f"{task.error.type}: {task.error.message}" if task.error else short(task.value)
         if task.reason and task.status in ("skipped", "cancelled"):
             detail = f"({task.reason})"
         duration = f"{task.finished_at - task.started_at:.3f}s" if task.finished_at and task.started_at else ""
-        table.add_row(task.key, task.kind, Text(task.status, style=STATUS_STYLE.get(task.status, "")),
-                      str(task.round), str(task.attempts), duration, Text(detail, overflow="fold"))
+        status = Text(task.status, style=STATUS_STYLE.get(task.status, ""))
+        row: list[str | Text] = [task.key, task.kind, status, str(task.round), str(task.attempts), duration,
+                                 Text(detail, overflow="fold")]
+        table.add_row(*row, *([Text(short(task.activation), overflow="fold")] if graph else []))
     console.print(table)
     for task in view.tasks.values():
         _render_rounds(console, task)

@@ -78,6 +78,8 @@ F_INPUT = "input"  # the run input (JSON), read only when a callback asks for ct
 F_INPUT_DIGEST = "idem"  # sha256 of the canonical input: a second start with the same run_id compares it
 F_GATES = "gates"  # JSON list of the run's gate keys (what a cancel must settle without the definition)
 F_ERROR = "err"  # JSON ErrorRecord of a run that failed before any task ran (unknown workflow, ...)
+F_STATE = "state"  # a graph run's business state (JSON)
+F_ACTIVATIONS = "n:acts"  # a graph run's activations dispatched so far (what max_transitions bounds)
 F_OPEN = "n:open"  # tasks not terminal yet: the run ends when it reaches 0
 F_ACTIVE = "n:active"  # tasks with a phase queued or running
 F_PAUSED = "n:paused"  # gates waiting for a decision
@@ -121,6 +123,11 @@ def check_field(key: str, round: int) -> str:
     return f"c:{key}:{round}"
 
 
+def notes_field(key: str, round: int, phase: str) -> str:
+    """What a phase's callback noted about it (JSON: a model's prompt, reply and usage, ...)."""
+    return f"n:{key}:{round}:{phase}"
+
+
 def begin_field(key: str) -> str:
     """The begin that the scheduler prepared for a queued phase (read by begin.lua)."""
     return f"b:{key}"
@@ -129,6 +136,16 @@ def begin_field(key: str) -> str:
 def fingerprint_field(key: str) -> str:
     """The cache fingerprint a task computed before its first attempt (written back on success)."""
     return f"f:{key}"
+
+
+def activation_count_field(step: str) -> str:
+    """How many activations of graph step ``step`` the run has had (actions are numbered per step)."""
+    return f"a#:{step}"
+
+
+def activation_field(key: str) -> str:
+    """The input of a graph action's activation (JSON; what ``ctx.activation`` reads)."""
+    return f"a:{key}"
 
 
 def receipt_field(receipt: str) -> str:

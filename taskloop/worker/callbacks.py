@@ -7,6 +7,7 @@ import inspect
 import json
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from taskloop.context import LoopContext, Signal, TaskContext
@@ -74,13 +75,16 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
     common: dict[str, Any] = dict(
         run_id=snap.run_id, workflow=workflow.name, key=task.key, load_input=lambda: snap.json(k.F_INPUT),
         signal=signal, after=task.after, load_value=load_value, usage=Usage(store, snap.run_id),
+        load_activation=(lambda: snap.json(k.activation_field(task.key))) if workflow.graph is not None else None,
     )
     if phase is None:
         return TaskContext(attempt=0, idempotency_key=f"{snap.run_id}/{task.key}/prepare", **common)
     idempotency_key = f"{snap.run_id}/{task.key}/{record.round}/{phase.value}"
+    common["deadline"] = record.deadline
     if task.is_loop:
         return LoopContext(round=record.round, phase=phase.value, attempt=record.attempts,
-                           idempotency_key=idempotency_key, **common)
+                           idempotency_key=idempotency_key,
+                           load_previous=lambda: snap.json(k.candidate_field(task.key, record.round - 1)), **common)
     return TaskContext(attempt=record.attempts, idempotency_key=idempotency_key, **common)
 
 
@@ -109,9 +113,11 @@ def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Ou
             check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
             check_raw = dumps(check.model_dump())
             if check.done:
-                return Outcome(EventKind.ACCEPT, {k.check_field(key, round): check_raw,
-                                                  k.value_field(key): raw or "null"})
-            return Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
+                accepted = Outcome(EventKind.ACCEPT, {k.check_field(key, round): check_raw,
+                                                      k.value_field(key): raw or "null"})
+                return with_notes(accepted, ctx, task, phase)
+            rejected = Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
+            return with_notes(rejected, ctx, task, phase)
         if phase is Phase.ATTEMPT:
             assert task.attempt is not None
             previous = snap.get(k.check_field(key, round - 1)) if round > 1 else None
@@ -129,4 +135,12 @@ def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot) -> Ou
     problem = lossless_problem(result)
     if problem is not None:
         return non_json(problem, task, round)
-    return Outcome(kind, {field_name: dumps(result)})
+    return with_notes(Outcome(kind, {field_name: dumps(result)}), ctx, task, phase)
+
+
+def with_notes(outcome: Outcome, ctx: TaskContext, task: Task, phase: Phase) -> Outcome:
+    """What a callback noted about its phase (``ctx.notes``: a model's verdict, ...) is recorded with it."""
+    if not ctx.notes or lossless_problem(ctx.notes) is not None:
+        return outcome
+    field = k.notes_field(task.key, getattr(ctx, "round", 0) or 1, phase.value)
+    return replace(outcome, data={**outcome.data, field: dumps(ctx.notes)})

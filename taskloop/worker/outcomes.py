@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from taskloop.definitions import Task
 from taskloop.errors import TaskLoopError, TaskTimeout
-from taskloop.phases import ErrorRecord, EventKind, TaskRecord
+from taskloop.phases import ErrorRecord, EventKind, Phase, TaskRecord
 from taskloop.scheduler import ending_reason
 
 log = logging.getLogger("taskloop.outcomes")
@@ -71,18 +71,22 @@ def resolve(task: Task, record: TaskRecord, outcome: Outcome, signal_reason: str
         # the run was cancelled or stopped: the phase ends cancelled (its output is kept)
         return replace(outcome, kind=EventKind.CANCEL, reason=ending_reason(control))
     retry = task.retry
-    tries_left = record.round < record.limit and control is None
-    if outcome.kind is not EventKind.FAIL or retry is None or not tries_left:
+    if record.phase is Phase.CHECK:  # a flow loop's judgement is tried again in its round
+        tries_left = record.tries + 1 < (retry.attempts if retry else 0)
+    else:
+        tries_left = record.phase is Phase.RUN and record.round < record.limit
+    if outcome.kind is not EventKind.FAIL or retry is None or not tries_left or control is not None:
         return outcome
     error = outcome.exception or TaskLoopError(outcome.error.message if outcome.error else "failed")
     try:
-        accepted = retry.accepts is None or bool(retry.accepts(error, record.round))
+        attempt = record.tries + 1 if record.phase is Phase.CHECK else record.round
+        accepted = retry.accepts is None or bool(retry.accepts(error, attempt))
     except Exception:
         log.exception("retry.accepts of task %s raised; not retrying", task.key)
         accepted = False
     if not accepted:
         return outcome
-    delay_ms = retry.delay_before(record.round + 1)
+    delay_ms = retry.delay_before((record.tries if record.phase is Phase.CHECK else record.round) + 1)
     if retry.jitter == "full":
         delay_ms = int((rng or random).uniform(0, delay_ms))
     return replace(outcome, kind=EventKind.RETRY, retry_at=now + delay_ms / 1000.0)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from taskloop import app as taskloop_app
 from taskloop.config import settings
 from taskloop.definitions import NAME_PATTERN
+from taskloop.graph import ACTION_KEY
 from taskloop.phases import Phase
 from taskloop.store import RedisStore
 from taskloop.store import keys as k
@@ -45,7 +46,7 @@ def _run_id(value: str) -> str:
 
 
 def _task_key(value: str) -> str:
-    if len(value) > 200 or not NAME_PATTERN.match(value):
+    if len(value) > 200 or not (NAME_PATTERN.match(value) or ACTION_KEY.match(value)):
         raise ValueError("key does not match the task key pattern")
     return value
 

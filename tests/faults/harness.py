@@ -90,7 +90,9 @@ def alive(pid: int) -> bool:
 
 
 class Cluster:
-    def __init__(self, tmp: Path, seed: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, seed: int, env: dict[str, str] | None = None,
+                 imports: tuple[str, ...] = ("tests.faults.flows",)) -> None:
+        self.imports = imports
         self.tmp = tmp
         self.rng = random.Random(seed)
         self.seed = seed
@@ -115,7 +117,7 @@ class Cluster:
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
         logfile = self.tmp / f"{name}.log"
-        proc = spawn_worker(self.redis.url, ["tests.faults.flows"], concurrency=concurrency, name=f"{name}@%h",
+        proc = spawn_worker(self.redis.url, list(self.imports), concurrency=concurrency, name=f"{name}@%h",
                             loglevel="INFO", logfile=str(logfile), extra_env=self.env)
         self.workers[name] = proc
         wait_until_ready(proc, logfile, 30)

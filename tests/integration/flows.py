@@ -30,7 +30,11 @@ def _redis() -> redis.Redis:
 
 
 def record(ctx: tl.TaskContext, what: str, value: Any) -> None:
-    _redis().rpush(f"test:{ctx.run_id}:{what}", json.dumps(value))
+    record_for(ctx.run_id, what, value)
+
+
+def record_for(run_id: str, what: str, value: Any) -> None:
+    _redis().rpush(f"test:{run_id}:{what}", json.dumps(value))
 
 
 def recorded(r: redis.Redis, run_id: str, what: str) -> list[Any]:
