@@ -19,7 +19,8 @@ from taskloop import config
 from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
-FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows", "tests.integration.graph_flows")
+FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows", "tests.integration.graph_flows",
+                "examples.workflows")
 
 
 def _redis_available() -> bool:

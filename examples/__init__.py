@@ -1,0 +1,1 @@
+"""Runnable examples (see README.md and docs/graphs.md)."""
