@@ -5,6 +5,7 @@ from taskloop.context import LoopContext, Signal, TaskContext
 from taskloop.definitions import Task, Workflow, define_gate, define_loop_task, define_task, define_workflow
 from taskloop.errors import (
     Cancelled,
+    ConnectionConfigError,
     DefinitionError,
     GateRefused,
     IncompatibleDefinition,
@@ -16,6 +17,7 @@ from taskloop.errors import (
     RunExists,
     RunNotFound,
     RunTimeout,
+    StoreAccessDenied,
     StoreUnavailable,
     TaskFailed,
     TaskLoopError,
@@ -35,6 +37,7 @@ __all__ = [
     "Cache",
     "CancelResult",
     "Cancelled",
+    "ConnectionConfigError",
     "DefinitionError",
     "ErrorInfo",
     "Event",
@@ -56,6 +59,7 @@ __all__ = [
     "RunTimeout",
     "RunView",
     "Signal",
+    "StoreAccessDenied",
     "StoreUnavailable",
     "Task",
     "TaskContext",

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from taskloop import outbox
+from taskloop import connections, outbox
 from taskloop.config import Settings, celery_config_module, settings
 from taskloop.definitions import Workflow
 from taskloop.scheduler import Dispatch
@@ -54,7 +54,8 @@ def make_app(config: Settings | None = None) -> Celery:
     if module is not None:
         settings_.update({name: getattr(module, name) for name in dir(module) if not name.startswith("_")})
     app.config_from_object(SimpleNamespace(**settings_))
-    app.conf.broker_url = config.broker_url  # already resolved: arguments > env > celeryconfig
+    # already resolved: arguments > env > celeryconfig; password, TLS and Sentinel as kombu expects them
+    app.conf.update(connections.broker_settings(config.broker_url, config, app.conf.broker_transport_options))
     app.conf.update(REQUIRED)
     if config.imports:
         app.conf.imports = tuple(app.conf.imports or ()) + config.imports

@@ -87,6 +87,16 @@ class Settings:
     wait_outage_s: float = field(default_factory=lambda: _float("TASKLOOP_WAIT_OUTAGE_S", 30.0))
     # How long a callback may ignore a cancel or stop signal before its process is stopped.
     cancel_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_CANCEL_GRACE_S", 30.0))
+    # TLS (rediss://): the CA that signed Redis's certificate (else the system's trust store), and
+    # an optional client certificate and key; the URL's ssl_ca_certs/ssl_certfile/ssl_keyfile win.
+    tls_ca: str = field(default_factory=lambda: os.environ.get("TASKLOOP_TLS_CA", ""))
+    tls_cert: str = field(default_factory=lambda: os.environ.get("TASKLOOP_TLS_CERT", ""))
+    tls_key: str = field(default_factory=lambda: os.environ.get("TASKLOOP_TLS_KEY", ""))
+    # Turn TLS certificate verification off (tests only; logged as a warning for every client).
+    tls_insecure: bool = field(default_factory=lambda: os.environ.get("TASKLOOP_TLS_INSECURE", "").strip().lower()
+                               in ("1", "true", "yes", "on"))
+    # The Sentinel master name when a sentinel:// URL has no ?master=.
+    sentinel_master: str = field(default_factory=lambda: os.environ.get("TASKLOOP_SENTINEL_MASTER", ""))
 
     def __post_init__(self) -> None:
         if not self.broker_url:

@@ -80,6 +80,18 @@ class StoreUnavailable(TaskLoopError, ConnectionError):
     """Redis could not be reached (or answered with an error) while taskloop needed it."""
 
 
+class StoreAccessDenied(TaskLoopError, PermissionError):
+    """Redis was reached but refused taskloop: wrong password, unknown or disabled ACL user, or a
+    command or key the ACL user may not use (NOPERM). Not transient: retrying does not help, so it
+    is not a StoreUnavailable (wait() fails at once instead of riding it out)."""
+
+
+class ConnectionConfigError(TaskLoopError, ValueError):
+    """A Redis or broker URL (or a TASKLOOP_TLS_* / TASKLOOP_SENTINEL_* setting) that taskloop
+    cannot use: unknown scheme or option, a Cluster URL as the broker, a Sentinel URL without a
+    master name ..."""
+
+
 class IllegalTransition(TaskLoopError):
     """The phase state machine refused an event in the record's current state."""
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+
+from taskloop import connections
 
 # kombu commands the outbox may run inside cas.lua: the list push of a message and the expiry
 # that kombu adds for queues declared with an expiry.
@@ -63,16 +64,9 @@ class _Session:
 
 
 def same_redis(broker_url: str, store_url: str) -> bool:
-    """Whether the broker is the very Redis (host, port, db) the store writes to."""
-    broker, store = urlsplit(broker_url), urlsplit(store_url)
-    if broker.scheme not in ("redis", "rediss") or broker.scheme != store.scheme:
-        return False
-
-    def where(parts: Any) -> tuple[str, int, str]:
-        db = (parts.path or "/0").lstrip("/") or "0"
-        return (parts.hostname or "localhost", parts.port or 6379, db)
-
-    return where(broker) == where(store)
+    """Whether the broker is the very Redis (host, port, db, TLS) the store writes to, as the same
+    ACL user (never for Sentinel or Cluster: see taskloop/connections.py)."""
+    return connections.same_redis(broker_url, store_url)
 
 
 def collect(producer: Any, publish: Callable[[], None]) -> list[tuple[str, tuple[Any, ...]]]:

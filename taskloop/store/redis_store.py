@@ -10,13 +10,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ParamSpec, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
-from taskloop.errors import StoreUnavailable
+from taskloop import connections
+from taskloop.connections import redact as redact  # re-exported: it used to live here
 from taskloop.events import Event, from_entry, split_id
 from taskloop.store import keys as k
 from taskloop.store.batch import Batch
@@ -30,21 +28,6 @@ T = TypeVar("T")
 BLOCK_MARGIN_S = 10.0
 SOCKET_TIMEOUT_S = 5.0
 EVENTS_MAXLEN = 100_000  # per run; XADD MAXLEN ~ trims beyond it (TASKLOOP_EVENTS_MAXLEN)
-
-
-def redact(url: str) -> str:
-    """The URL without its password (in the user part or the query string), for errors and logs."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password:
-        host = parts.hostname or ""
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(name, "***" if name.lower() == "password" else value) for name, value in pairs],
-                          safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def load_script(name: str) -> str:
@@ -86,7 +69,8 @@ class BeginReply:
 
 
 class RedisStore:
-    """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable."""
+    """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
+    of its credentials or ACL StoreAccessDenied (connections.describe)."""
 
     def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None,
                  single_connection: bool = False, events_maxlen: int = EVENTS_MAXLEN) -> None:
@@ -95,17 +79,9 @@ class RedisStore:
         self.url = url
         self.events_maxlen = events_maxlen
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
-        self.client: Any = client or redis.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            socket_connect_timeout=2,
-            socket_keepalive=True,
-            health_check_interval=15,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-            single_connection_client=single_connection,
-        )
+        # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
+        self.client: Any = client or connections.store_client(
+            url, retries=retries, single_connection=single_connection, socket_timeout=SOCKET_TIMEOUT_S)
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin")}
 
@@ -115,14 +91,12 @@ class RedisStore:
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             try:
                 return fn(*args, **kwargs)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                    redis.exceptions.BusyLoadingError) as exc:
+            except connections.STORE_ERRORS as exc:
                 self = args[0]
                 assert isinstance(self, RedisStore)
-                raise StoreUnavailable(
-                    f"cannot reach Redis at {redact(self.url)} ({exc}); check that redis-server is "
-                    "running and that TASKLOOP_REDIS_URL points at it"
-                ) from exc
+                # StoreUnavailable (unreachable, timeout, TLS not verified, ...) or StoreAccessDenied
+                # (wrong password, unknown ACL user, NOPERM), with the URL redacted.
+                raise connections.describe(exc, self.url) from exc
         return call
 
     # reads of one run -----------------------------------------------------------------------
@@ -191,12 +165,10 @@ class RedisStore:
         """The client for blocking reads: its socket timeout outlasts the block by BLOCK_MARGIN_S, and
         it does not retry (a blocking read that timed out is answered by the caller, see below)."""
         needed = block_s + BLOCK_MARGIN_S
-        if self._blocking is None or self._blocking.connection_pool.connection_kwargs["socket_timeout"] < needed:
+        if self._blocking is None or (connections.client_timeout(self._blocking) or 0.0) < needed:
             if self._blocking is not None:
                 self._blocking.close()
-            self._blocking = redis.Redis(connection_pool=redis.ConnectionPool.from_url(
-                self.url, decode_responses=True, socket_timeout=needed, socket_connect_timeout=2,
-                socket_keepalive=True))
+            self._blocking = connections.store_client(self.url, retries=0, socket_timeout=needed, health_check=False)
         return self._blocking
 
     def _block(self, block_s: float, call: Callable[[Any], T], nothing: T) -> T:
@@ -207,7 +179,7 @@ class RedisStore:
         try:
             return call(client)
         except redis.exceptions.TimeoutError:
-            client.connection_pool.disconnect()
+            connections.disconnect(client)  # redis.Redis or RedisCluster
             return nothing
 
     @_wrap
@@ -241,12 +213,18 @@ class RedisStore:
             for key, member, score in batch.indexes:
                 pipe.zadd(key, {member: score}, nx=key == k.RUNS_INDEX)  # a run keeps its creation time
             keys = batch.all_keys()
-            pipe.evalsha(self._scripts["cas"].sha, len(keys), *keys, *args)
-            reply = pipe.execute(raise_on_error=False)[-1]
-            if isinstance(reply, redis.exceptions.NoScriptError):
+            if connections.is_cluster(self.client):
+                # Redis Cluster: these keys live in other slots (other nodes), and redis-py's cluster
+                # pipeline refuses EVALSHA: send them first, then run the script on the run's slot.
+                pipe.execute()
                 reply = self._call("cas", keys, args)
-            elif isinstance(reply, Exception):
-                raise reply
+            else:
+                pipe.evalsha(self._scripts["cas"].sha, len(keys), *keys, *args)
+                reply = pipe.execute(raise_on_error=False)[-1]
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    reply = self._call("cas", keys, args)
+                elif isinstance(reply, Exception):
+                    raise reply
         else:
             reply = self._call("cas", batch.all_keys(), args)
         if reply[0] == 1:

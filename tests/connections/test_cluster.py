@@ -1,0 +1,201 @@
+"""Redis Cluster as the store: a real three-master cluster started by the test, a plain Redis as
+the broker, a real worker, workflows end to end, and every store method on the cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from taskloop import config, connections
+from taskloop.app import PhaseSender
+from taskloop.client import TaskLoop
+from taskloop.config import Settings
+from taskloop.embedded import RedisServer
+from taskloop.store import RedisStore
+from taskloop.store import keys as k
+from taskloop.store.batch import Batch
+from tests.ledger import ledger_problems
+from tests.servers import Cluster, Worker
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = time.monotonic()
+    nodes = Cluster(tmp_path_factory.mktemp("cluster")).start()
+    print(f"\ncluster up in {time.monotonic() - started:.1f} s: {nodes.url}")
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("broker"), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def settings(cluster: Cluster, broker: RedisServer) -> Settings:
+    config.reset()
+    return Settings(redis_url=cluster.url, broker_url=broker.url, reconcile_interval_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def worker(cluster: Cluster, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    proc = Worker(cluster.url, broker.url, ["tests.connections.flows"], tmp_path_factory.mktemp("cluster-workers"),
+                  concurrency=2, env={"TASKLOOP_RECONCILE_INTERVAL_S": "1"})
+    try:
+        yield proc.ready()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture()
+def client(settings: Settings) -> Iterator[TaskLoop]:
+    c = TaskLoop(config=settings)
+    yield c
+    c.close()
+
+
+def test_the_store_client_is_a_cluster_client(cluster: Cluster) -> None:
+    store = RedisStore(cluster.url)
+    try:
+        assert isinstance(store.client, redis.cluster.RedisCluster)
+        assert len(store.client.get_primaries()) == 3
+        assert connections.client_timeout(store.client) == 5.0
+    finally:
+        store.close()
+
+
+def test_a_cluster_cannot_be_the_broker(cluster: Cluster) -> None:
+    with pytest.raises(connections.ConnectionConfigError, match="cannot be a Redis Cluster"):
+        TaskLoop(config=Settings(redis_url=cluster.url, broker_url=cluster.url)).app  # noqa: B018
+
+
+def test_every_store_method_on_the_cluster(cluster: Cluster) -> None:
+    """The run's keys share a slot; the global indexes live elsewhere: every method must route."""
+    store = RedisStore(cluster.url)
+    try:
+        run_ids = [f"cl-{i}" for i in range(12)]
+        slots = {store.client.keyslot(k.RunKeys.of(r).run) for r in run_ids}
+        owners = {store.client.nodes_manager.get_node_from_slot(slot).name for slot in slots}
+        assert len(owners) == 3, "the test runs should spread over the three masters"
+        assert store.client.keyslot(k.RUNS_INDEX) != store.client.keyslot(k.RunKeys.of(run_ids[0]).run)
+        store.client.script_flush()  # the first cas.lua call must load it on the node that owns the slot
+        for n, run_id in enumerate(run_ids):
+            batch = Batch(run_id)
+            batch.expect(k.F_STATUS, None, "new run").set(k.F_STATUS, "running").set(k.F_WORKFLOW, "probe")
+            batch.set(k.F_CREATED, str(1000 + n)).lease("a", 5000.0 + n)
+            batch.indexes += [(k.RUNS_INDEX, run_id, 1000.0 + n), (k.LIVE_INDEX, run_id, 2000.0 + n)]
+            assert store.apply(batch).__class__.__name__ == "Applied"
+            again = Batch(run_id)
+            again.expect(k.F_STATUS, None, "new run").set(k.F_STATUS, "x")
+            assert store.apply(again).__class__.__name__ == "Conflict"
+        first = run_ids[0]
+        assert store.hmget(first, [k.F_STATUS, k.F_WORKFLOW]) == ["running", "probe"]
+        assert store.scan_fields(first, "st") == {"status": "running"}
+        assert store.all_fields(first)[k.F_WORKFLOW] == "probe"
+        assert store.leases(first, 10_000.0) == [("a", 5000.0)]
+        assert store.lease_of(first, "a") == 5000.0 and store.first_lease(first) == 5000.0
+        assert store.run_ids(100) == list(reversed(run_ids))
+        assert sorted(store.run_ids_with_prefix("cl-1", limit=10)) == ["cl-1", "cl-10", "cl-11"]
+        assert [meta[1] for meta in store.run_metas(run_ids)] == ["probe"] * len(run_ids)
+        assert store.due_runs(2005.0, 100) == run_ids[:6]
+        store.look_again(first, 9999.0)
+        assert store.live_count() == len(run_ids)
+        store.unlive(run_ids[:2])
+        assert store.live_count() == len(run_ids) - 2
+        store.incr_usage(first, {"attempts": 2})
+        assert store.hmget(first, [k.usage_field("attempts")]) == ["2"]
+        store.incr_stat("cluster_probe")
+        assert store.stats()["cluster_probe"] == "1"
+        store.note_reconcile(json.dumps({"ok": True}))
+        assert store.last_reconcile() == '{"ok": true}'
+        assert store.trim_runs_index(1003.0) == 4
+        store.forget_runs(run_ids[4:6])
+        assert len(store.run_ids(100)) == len(run_ids) - 6
+        # blocking reads on the node of the run's slot
+        assert store.block_end(first, 50) is False
+        store.client.rpush(k.RunKeys.of(first).end, "done")
+        assert store.block_end(first, 50) is True and store.block_end(first, 50) is True
+        assert store.block_events(first, "0-0", 50) == []
+        connections.disconnect(store._blocking)  # what _block does after a read outlived its timeout
+        assert store.block_end(first, 50) is True
+        # the begin script (begin.lua): nothing prepared, so it only reads the asked-for fields
+        reply = store.begin(first, "a", 1, "attempt", 0, '"w"', 1.0, [k.F_STATUS])
+        assert not reply.began and reply.fields[k.F_STATUS] == "running"
+    finally:
+        store.close()
+
+
+def test_workflows_end_to_end(worker: Worker, client: TaskLoop) -> None:
+    from tests.integration import flows
+
+    started = time.monotonic()
+    core = [client.start(flows.core, input={}) for _ in range(3)]
+    spread = [client.start(flows.spread, input={"rounds": 20}) for _ in range(3)]
+    for handle in core:
+        result = handle.wait(timeout=30)
+        assert (result.status, result.values["fix"], result.values["publish"]) == ("done", 12, 24), result
+    for handle in spread:
+        result = handle.wait(timeout=30)
+        assert (result.status, result.values["grind"]) == ("done", 20), result
+    for handle in core + spread:
+        assert ledger_problems(client.events(handle.run_id)) == []
+    view = client.inspect(core[0].run_id)
+    assert [r.output for r in view.tasks["fix"].rounds] == [11, 12]
+    assert view.tasks["fix"].rounds[0].check["feedback"] == "Try again"
+    listed = {summary.run_id for summary in client.runs(workflow="core")}
+    assert {h.run_id for h in core} <= listed
+    assert {h.run_id for h in spread} <= {s.run_id for s in client.runs(status="done", workflow="spread")}
+    events: list[str] = []
+    client.start(flows.core, input={}).wait(timeout=30, on_event=lambda e: events.append(e.type))
+    assert "task" in events
+    print(f"\ncluster: 7 runs end to end in {time.monotonic() - started:.2f} s")
+    assert worker.alive()
+
+
+def test_cancel(worker: Worker, client: TaskLoop) -> None:
+    from tests.integration import flows
+
+    handle = client.start(flows.sleeper, input={"seconds": 30})
+    deadline = time.monotonic() + 20
+    while client.inspect(handle.run_id).tasks["nap"].status != "active":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.cancel(handle.run_id, "enough")
+    result = handle.wait(timeout=30)
+    assert result.status == "cancelled", result
+    assert ledger_problems(client.events(handle.run_id)) == []
+
+
+def test_gate_decided(worker: Worker, client: TaskLoop) -> None:
+    from tests.integration import control_flows as cf
+
+    handle = client.start(cf.gated_flow, input={})
+    deadline = time.monotonic() + 20
+    while client.inspect(handle.run_id).status != "waiting":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.decide(handle.run_id, "approval", "approve", actor="alice", reason="looks good")
+    result = handle.wait(timeout=30)
+    assert result.status == "done" and result.values["publish"] == "published first draft"
+
+
+def test_reconcile_pass(worker: Worker, client: TaskLoop, settings: Settings) -> None:
+    from taskloop.worker.reconciler import reconcile
+
+    store = RedisStore(settings.redis_url)
+    sender = PhaseSender(client.app, settings.redis_url)
+    try:
+        assert not sender.folds  # the outbox never runs across a cluster and another broker
+        report = reconcile(store, settings, sender)
+        assert report is not None
+        assert json.loads(store.last_reconcile() or "{}")["at"] > 0
+    finally:
+        sender.close()
+        store.close()
