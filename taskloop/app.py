@@ -73,7 +73,7 @@ def phase_argsrepr(run_id: str, dispatch: Dispatch) -> str:
 
 def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
     """Send one phase message: ids only, named after the workflow for Flower."""
-    task = workflow.by_key.get(dispatch.key)
+    task = workflow.lookup(dispatch.key)
     options: dict[str, Any] = {}
     if producer is not None:
         options["producer"] = producer

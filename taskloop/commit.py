@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from taskloop import clock
+from taskloop import clock, metrics
 from taskloop import events as ev
 from taskloop.definitions import Workflow
 from taskloop.errors import CommitConflict
@@ -107,6 +107,7 @@ def _after(store: RedisStore, committed: Committed, send: Sender | None) -> None
     planner = committed.planner
     if planner.dispatches and send is not None:
         send(planner.workflow, planner.run_id, planner.dispatches)
+    metrics.observe_events(planner.workflow.name, committed.events)
     observe(store, planner.workflow, planner.run_id, committed.events)
 
 

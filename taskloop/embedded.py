@@ -124,12 +124,14 @@ def wait_until_ready(proc: subprocess.Popen[bytes], logfile: str | Path, timeout
 
 def spawn_worker(redis_url: str, imports: list[str], concurrency: int = 2, name: str | None = None,
                  loglevel: str = "WARNING", logfile: str | None = None,
-                 extra_env: dict[str, str] | None = None, queues: str | None = None) -> subprocess.Popen[bytes]:
+                 extra_env: dict[str, str] | None = None, queues: str | None = None,
+                 extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``taskloop worker`` in a child process against ``redis_url``."""
     import sys
 
-    env = {**os.environ, "TASKLOOP_REDIS_URL": redis_url, **(extra_env or {})}
-    env.pop("TASKLOOP_BROKER_URL", None)
+    env = {**os.environ, "TASKLOOP_REDIS_URL": redis_url}
+    env.pop("TASKLOOP_BROKER_URL", None)  # the broker is the same Redis unless extra_env says otherwise
+    env.update(extra_env or {})
     args = [sys.executable, "-m", "taskloop", "worker", "-c", str(concurrency), "--loglevel", loglevel]
     for module in imports:
         args += ["--import", module]
@@ -139,5 +141,6 @@ def spawn_worker(redis_url: str, imports: list[str], concurrency: int = 2, name:
         args += ["--logfile", logfile]
     if queues:
         args += ["-Q", queues]
+    args += extra_args or []
     return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL if logfile else None,
                             stderr=subprocess.STDOUT if logfile else None)

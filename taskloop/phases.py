@@ -157,6 +157,7 @@ class TaskRecord(BaseModel):
     waiting_on: int = 0  # dependencies that are not done yet (WAITING only)
     worker: str | None = None
     began_at: float | None = None  # when the current execution began
+    queued_at: float | None = None  # when the current phase's message was (last) sent
     cache_hit: bool = False
     prepared: bool = False  # condition (and cache) consulted for this activation
     started_at: float | None = None
@@ -416,6 +417,9 @@ def advance(record: TaskRecord, event: PhaseEvent) -> TaskRecord:
             f"task {record.key}: event {event.kind.value!r} is not allowed in state {record.state.value!r}"
         )
     changes = _APPLY[event.kind](record, event)
+    if (changes.get("slot", record.slot) is Slot.QUEUED and record.slot is not Slot.QUEUED) or \
+            event.kind is EventKind.REDISPATCH:
+        changes["queued_at"] = event.at  # a message is (re)sent now: how long it waits starts here
     new = record.model_copy(update={**changes, "token": record.token + 1})
     if new.state not in allowed:  # pragma: no cover - guards the table against the functions
         raise IllegalTransition(f"task {record.key}: {event.kind.value} led to {new.state.value}")

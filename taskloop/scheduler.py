@@ -212,6 +212,7 @@ class Planner:
         self.caps: list[Cap] = []
         self.revive = False
         self.indexes: list[tuple[str, str, float]] = []  # global index entries written with the plan
+        self.stats: dict[str, int] = {}  # fleet counters added with the plan (in the same round trip)
         self.exec_info: dict[str, dict[str, Any]] = {}  # key -> what ran, added to its first event
         self.control: str | None = snapshot.control
         self._ended: list[str] = []  # keys that became terminal in this plan, in order
@@ -327,6 +328,7 @@ class Planner:
         planner.indexes.append((k.LIVE_INDEX, run_id, now + min_lease_s(settings)))
         planner.events.append(Event(type=ev.RUN_STARTED, at=now,
                                     data={"workflow": workflow.name, "version": workflow.version}))
+        planner.stats[k.started_stat(workflow.name)] = 1
         if workflow.graph is not None:  # a graph run starts with its entry's first activation
             graph_plan.start(planner, workflow.graph)
             planner.settle()
@@ -542,6 +544,7 @@ class Planner:
         b.revive = self.revive
         for index in self.indexes:
             b.index(*index)
+        b.stats.update(self.stats)
         for event in self.events:
             b.event(event)
         for key, until in self.leases.items():

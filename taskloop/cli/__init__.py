@@ -32,7 +32,8 @@ def cli() -> None:
 
 
 for command in (runs.start, runs.inspect, runs.runs, runs.events, runs.cancel, runs.decide, runs.resume, runs.graph,
-                fleet.worker, fleet.reconcile_command, fleet.demo, fleet.completion):
+                fleet.worker, fleet.reconcile_command, fleet.status, fleet.metrics_command, fleet.demo,
+                fleet.completion):
     cli.add_command(command)
 
 

@@ -64,6 +64,7 @@ class Batch(Writes):
         self.pushes: list[list[Any]] = []  # broker commands run with the writes (outbox.py)
         self.broker_keys: list[str] = []
         self.indexes: list[tuple[str, str, float]] = []  # (index key, member, score) before the write
+        self.stats: dict[str, int] = {}  # fleet counters (tl:stats) added in the same round trip
 
     # guards ---------------------------------------------------------------------------------
     def expect(self, field: str, value: str | None, label: str = "") -> Batch:

@@ -35,6 +35,16 @@ RECONCILER_LOCK = f"{PREFIX}:reconciler"  # STRING: which process runs this reco
 RECONCILER_LAST = f"{PREFIX}:reconciler:last"  # STRING: JSON report of the last reconcile pass
 
 
+def started_stat(workflow: str) -> str:
+    """The fleet counter of runs started (start requests) of a workflow."""
+    return f"started:{workflow}"
+
+
+def finished_stat(workflow: str, status: str, termination: str) -> str:
+    """The fleet counter of runs that ended so (counted as the reconciler forgets them)."""
+    return f"finished:{workflow}:{status}:{termination}"
+
+
 def check_run_id(run_id: object) -> str:
     if not isinstance(run_id, str) or not RUN_ID_PATTERN.match(run_id):
         raise InvalidInput(

@@ -208,10 +208,12 @@ class RedisStore:
     def apply(self, batch: Batch) -> Conflict | Applied:
         """Run the batch atomically: Applied, or the first guard that failed (nothing written)."""
         args: list[str | int] = [*batch.argv(), self.events_maxlen]
-        if batch.indexes:
+        if batch.indexes or batch.stats:
             pipe = self.client.pipeline(transaction=False)
             for key, member, score in batch.indexes:
                 pipe.zadd(key, {member: score}, nx=key == k.RUNS_INDEX)  # a run keeps its creation time
+            for name, amount in batch.stats.items():  # (counted before the write: a repeated start counts too)
+                pipe.hincrby(k.STATS, name, amount)
             keys = batch.all_keys()
             if connections.is_cluster(self.client):
                 # Redis Cluster: these keys live in other slots (other nodes), and redis-py's cluster
@@ -249,6 +251,33 @@ class RedisStore:
     @_wrap
     def stats(self) -> dict[str, str]:
         return dict(self.client.hgetall(k.STATS))
+
+    @_wrap
+    def count_finished(self, metas: Sequence[Any]) -> None:
+        """Count finished runs in the fleet counters (as the reconciler forgets them)."""
+        if not metas:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for meta in metas:
+            pipe.hincrby(k.STATS, k.finished_stat(meta.workflow, meta.stored_status,
+                                                  meta.termination.value if meta.termination else ""), 1)
+        pipe.execute()
+
+    @_wrap
+    def fleet_view(self, now: float, sample: int = 1000) -> dict[str, Any]:
+        """What the fleet exporter reports: live runs, expired leases (over at most ``sample`` due
+        runs), the last reconcile pass, the fleet counters."""
+        due = list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=sample))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.LIVE_INDEX)
+        pipe.get(k.RECONCILER_LAST)
+        pipe.hgetall(k.STATS)
+        for run_id in due:
+            pipe.zcount(k.RunKeys.of(run_id).leases, "-inf", now)
+        live, last, stats, *expired = pipe.execute()
+        return {"live": int(live), "expired_leases": sum(int(n) for n in expired),
+                "last_pass_at": json.loads(last)["at"] if last else None,
+                "stats": {name: int(value) for name, value in stats.items() if value.lstrip("-").isdigit()}}
 
     @_wrap
     def unlive(self, run_ids: Sequence[str]) -> None:

@@ -22,7 +22,7 @@ import signal as signals
 from dataclasses import dataclass
 from enum import Enum
 
-from taskloop import clock
+from taskloop import clock, metrics
 from taskloop.commit import Committed, Sender, commit
 from taskloop.config import Settings
 from taskloop.context import Signal
@@ -35,7 +35,17 @@ from taskloop.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.events import Event
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskKind, TaskRecord, active_state
+from taskloop.phases import (
+    ErrorRecord,
+    EventKind,
+    Phase,
+    PhaseEvent,
+    Slot,
+    TaskKind,
+    TaskRecord,
+    TaskStatus,
+    active_state,
+)
 from taskloop.scheduler import Planner
 from taskloop.store import Batch, Conflict, RedisStore, Snapshot
 from taskloop.store import keys as k
@@ -99,6 +109,7 @@ class Executor:
             log.warning("%s %r not found (never started, or expired); dropping %s round %s",
                         what, run_id, phase.value, round)
             self.store.incr_stat("dropped_unknown_run")
+            metrics.refused("unknown run")
             return Handled(Result.DROPPED, reason=f"{what} not found")
         try:
             record = snap.record(key)
@@ -278,7 +289,10 @@ class Executor:
         key = task.key
         begun_raw = snap.raw_record(key)
         write_back: list[Event | None] = []
-        exec_info = {"worker": begun.worker, "began": begun.began_at, "execs": begun.execs, "attempt": begun.attempts}
+        exec_info: dict[str, object] = {"worker": begun.worker, "began": begun.began_at, "execs": begun.execs,
+                                        "attempt": begun.attempts}
+        if begun.began_at is not None and begun.queued_at is not None:
+            exec_info["wait"] = round(begun.began_at - begun.queued_at, 6)
 
         def plan(view: Snapshot) -> Planner:
             if view.raw_record(key) != begun_raw:
@@ -330,12 +344,14 @@ class Executor:
                   f"({record.state.value} round {record.round} token {record.token})")
         log.info("run %r task %r: refused stale delivery: %s", snap.run_id, record.key, reason)
         self._count_refusal(snap.run_id, "stale_deliveries")
+        metrics.refused("stale")
         return Handled(Result.STALE, reason=reason)
 
     def _superseded(self, snap: Snapshot, begun: TaskRecord) -> Handled:
         log.warning("run %r task %r: phase was taken over while it ran (token %s); its outcome is discarded",
                     snap.run_id, begun.key, begun.token)
         self._count_refusal(snap.run_id, "stale_commits")
+        metrics.refused("superseded")
         return Handled(Result.SUPERSEDED, reason="outcome of a superseded execution discarded")
 
     def _count_refusal(self, run_id: str, name: str) -> None:
@@ -422,7 +438,7 @@ def _handled(committed: Committed, key: str) -> Handled:
     record = committed.planner.tasks[key]
     last = committed.planner.changed.get(key)
     kind = None
-    if last is not None and last.error is not None and last.terminal:
+    if last is not None and last.error is not None and last.status is TaskStatus.FAILED:
         kind = EventKind.FAIL
     return Handled(Result.COMMITTED, outcome=kind, error=record.error if kind else None)
 

@@ -29,7 +29,7 @@ import socket
 import threading
 from dataclasses import asdict, dataclass, fields
 
-from taskloop import clock
+from taskloop import clock, metrics
 from taskloop.commit import Sender, commit
 from taskloop.config import Settings, min_lease_s
 from taskloop.definitions import REGISTRY, Workflow
@@ -74,6 +74,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
                  for run_id, row in zip(due, rows, strict=True) if row[1] is not None}
         over = [run_id for run_id in due if run_id not in metas or metas[run_id].terminal]
         store.unlive(over)  # finished (or expired) runs leave the live index here, in bulk
+        store.count_finished([metas[run_id] for run_id in over if run_id in metas])
         report.forgotten += len(over)
         for run_id, meta in metas.items():
             if meta.terminal:
@@ -89,6 +90,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     if report.examined or report.gates_cancelled:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
+    metrics.reconciled(report)
     return report
 
 

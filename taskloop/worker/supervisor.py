@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from taskloop import metrics
+
 log = logging.getLogger("taskloop.supervisor")
 
 BACKOFF_START_S = 1.0
@@ -62,6 +64,7 @@ class Supervisor:
             log.error("the Celery worker (pid %s) exited unexpectedly with code %s; restart %s in %.0f s",
                       self.child.pid, code, self.restarts, backoff)
             self.on_restart(code)
+            metrics.restarted()
             if self._stopping.wait(backoff):
                 return code
             backoff = min(backoff * 2, BACKOFF_MAX_S)

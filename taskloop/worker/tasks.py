@@ -14,18 +14,21 @@ import os
 from typing import Any
 
 from celery import Celery, signals
+from celery.worker.request import Request
+from celery.worker.state import task_ready
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from taskloop import app as taskloop_app
+from taskloop import metrics
 from taskloop.config import settings
 from taskloop.definitions import NAME_PATTERN
 from taskloop.graph import ACTION_KEY
-from taskloop.phases import Phase
+from taskloop.phases import EventKind, Phase
 from taskloop.store import RedisStore
 from taskloop.store import keys as k
 from taskloop.worker import executor as executor_module
 from taskloop.worker import starter
-from taskloop.worker.executor import Executor
+from taskloop.worker.executor import Executor, Result
 from taskloop.worker.reconciler import ReconcilerThread, reconcile
 
 log = logging.getLogger("taskloop.tasks")
@@ -110,6 +113,35 @@ def executor(app: Celery, hostname: str) -> Executor:
     return _executor
 
 
+class PhaseFailed(Exception):
+    """Raised after a phase's failure is committed, so that Celery (and Flower) show the phase as
+    FAILURE with the error type and message. It is expected: the message is acknowledged, never
+    retried by Celery, and logged without a traceback."""
+
+
+class Refused(Exception):
+    """Raised for a delivery taskloop refused (stale or duplicate token, superseded execution,
+    unknown run, malformed message): acknowledged, and shown by Flower as IGNORED with the reason."""
+
+
+class PhaseRequest(Request):  # type: ignore[misc]  # Celery is untyped
+    """Celery's request of a taskloop phase: a refused delivery is acknowledged and announced with a
+    ``task-ignored`` event that carries the reason. Celery's monitors (Flower) take an event they
+    do not know as a custom state, here ``IGNORED``, which outranks the ``STARTED`` that the worker
+    already sent; a ``task-rejected`` would be ranked below ``STARTED`` and the phase would show as
+    running forever, and a failure would make a harmless duplicate look like a broken phase."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback
+        if isinstance(exc, Refused):
+            task_ready(self)
+            self.acknowledge()
+            self.send_event("task-ignored", exception=str(exc))
+            return None
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
 def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     try:
         if kwargs or len(args) != 4:
@@ -119,15 +151,21 @@ def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ..
     except (ValueError, ValidationError) as exc:
         log.error("malformed taskloop.%s message dropped: %s (args %s)", phase.value,
                   untrusted(str(exc).splitlines()[0]), untrusted(args))
-        return "malformed"
+        metrics.refused("malformed")
+        raise Refused(f"malformed: {untrusted(str(exc).splitlines()[0])}") from None
     handled = executor(app, hostname or "worker").handle(phase, message.run_id, message.key, message.round,
                                                          message.token)
-    return handled.result.value
+    if handled.result in (Result.STALE, Result.SUPERSEDED, Result.DROPPED):
+        raise Refused(f"{handled.result.value}: {handled.reason}")
+    if handled.outcome is EventKind.FAIL and handled.error is not None:
+        raise PhaseFailed(f"{handled.error.type}: {handled.error.message}")
+    return str(handled.result.value)
 
 
 def register(app: Celery) -> None:
     """Register taskloop's tasks on ``app``."""
-    options = dict(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, serializer="json")
+    options = dict(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, serializer="json",
+                   Request=PhaseRequest, throws=(PhaseFailed, Refused))
 
     @app.task(name="taskloop.attempt", **options)
     def attempt(self: Any, *args: Any, **kwargs: Any) -> str:

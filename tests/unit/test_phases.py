@@ -352,11 +352,18 @@ def test_expire_requeues_the_running_phase_keeping_its_round() -> None:
     assert (replay.round, replay.attempts, replay.execs) == (2, 3, 2)
 
 
-def test_redispatch_changes_only_the_token() -> None:
+def test_redispatch_changes_only_the_token_and_the_send_time() -> None:
     record = active("loop", Phase.CHECK, Slot.QUEUED, round=2)
     new = advance(record, event(EventKind.REDISPATCH))
-    assert new.model_dump(exclude={"token"}) == record.model_dump(exclude={"token"})
-    assert new.token == record.token + 1
+    assert new.model_dump(exclude={"token", "queued_at"}) == record.model_dump(exclude={"token", "queued_at"})
+    assert new.token == record.token + 1 and new.queued_at == AT
+
+
+def test_a_phase_remembers_when_its_message_was_sent() -> None:
+    queued = advance(RECORDS[State.WAITING][0][1], event(EventKind.ACTIVATE, at=AT))
+    running = advance(queued, event(EventKind.BEGIN, at=AT + 2))
+    checked = advance(running, event(EventKind.CANDIDATE, at=AT + 3))
+    assert (queued.queued_at, running.queued_at, checked.queued_at) == (AT, AT, AT + 3)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,197 @@
+"""Prometheus metrics (prometheus-client).
+
+Two exporters:
+
+- **a worker's** (``taskloop worker --metrics-port P``): what its processes did — phases by
+  workflow, task and outcome, their duration and queue wait, rounds, exhaustions, retries,
+  refused deliveries, lost executions, budget refusals, cache lookups, reconciler actions, runs
+  finished, supervisor restarts. A prefork worker has several processes: they write through
+  prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by the supervisor),
+  and the supervisor serves the sum on the port.
+- **the fleet's** (``taskloop metrics --port P``): read from Redis at each scrape — runs live,
+  phases queued per broker queue, expired leases, the reconciler's last pass, and fleet
+  counters kept in Redis (runs started and finished by workflow, status and termination).
+
+Metrics are derived from the events a commit wrote (one source of truth with the run history);
+recording them never fails a phase: a failing hook is logged and ignored. Metrics are on only in
+processes that export them (``TASKLOOP_METRICS=1``, set by ``--metrics-port``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from taskloop import clock
+from taskloop import events as ev
+from taskloop.events import Event
+from taskloop.graph import step_of
+
+log = logging.getLogger("taskloop.metrics")
+
+ENABLED_ENV = "TASKLOOP_METRICS"
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+
+PHASES = Counter("taskloop_phases", "Phases executed, by outcome of the execution",
+                 ["workflow", "task", "phase", "outcome"])
+PHASE_SECONDS = Histogram("taskloop_phase_duration_seconds", "How long a phase's callback ran",
+                          ["workflow", "task", "phase"], buckets=DURATION_BUCKETS)
+QUEUE_WAIT = Histogram("taskloop_queue_wait_seconds", "From a phase's message being sent to the phase beginning",
+                       ["workflow", "phase"], buckets=DURATION_BUCKETS)
+ROUNDS = Counter("taskloop_rounds", "Loop rounds started (a plain task's tries count as rounds too)",
+                 ["workflow", "task"])
+EXHAUSTED = Counter("taskloop_exhaustions", "Loop tasks that exhausted their max_rounds", ["workflow", "task"])
+RETRIES = Counter("taskloop_retries", "Tries queued again by a retry policy", ["workflow", "task"])
+RUNS_FINISHED = Counter("taskloop_runs_finished", "Runs ended by this process's writes",
+                        ["workflow", "status", "termination"])
+REFUSED = Counter("taskloop_refused_deliveries", "Messages refused: stale or duplicate tokens, superseded "
+                  "executions, unknown runs, malformed messages", ["reason"])
+LOST = Counter("taskloop_lost_executions", "Executions found lost (dead worker, expired lease) and replayed "
+               "or abandoned", ["workflow"])
+BUDGET = Counter("taskloop_budget_refusals", "Phases refused by a spent budget", ["workflow"])
+CACHE = Counter("taskloop_cache_lookups", "Cache events: hit, miss, stored, failed", ["workflow", "result"])
+RECONCILER = Counter("taskloop_reconciler_actions", "What reconcile passes did", ["action"])
+RESTARTS = Counter("taskloop_worker_restarts", "Celery workers restarted by their supervisor")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLED_ENV) == "1"
+
+
+def _label(key: str | None) -> str:
+    """A task label of bounded cardinality: a graph action counts under its step."""
+    if key is None:
+        return ""
+    return step_of(key) or key
+
+
+def _safely(fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> None:
+        if not enabled():
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception:  # instrumentation never breaks a loop
+            log.exception("recording a metric failed")
+    return call
+
+
+@_safely
+def observe_events(workflow: str, events: Iterable[Event]) -> None:
+    """What a committed write tells: phases run, rounds, exhaustions, retries, cache, run endings."""
+    for event in events:
+        data = event.data or {}
+        info = data.get("exec")
+        task = _label(event.key)
+        if info and not info.get("lost"):
+            phase = _ran_phase(event)
+            outcome = "failed" if event.type == ev.TASK and data.get("status") == "failed" else "completed"
+            PHASES.labels(workflow, task, phase, outcome).inc()
+            if info.get("took") is not None:
+                PHASE_SECONDS.labels(workflow, task, phase).observe(info["took"])
+            if info.get("wait") is not None:
+                QUEUE_WAIT.labels(workflow, phase).observe(max(info["wait"], 0.0))
+        if info and info.get("lost"):
+            LOST.labels(workflow).inc()
+        if event.type == ev.PHASE and event.phase in ("attempt", "run"):
+            ROUNDS.labels(workflow, task).inc()
+            if event.phase == "run" and (event.round or 0) > 1:
+                RETRIES.labels(workflow, task).inc()
+        elif event.type == ev.RETRY:
+            RETRIES.labels(workflow, task).inc()
+        elif event.type == ev.TASK and data.get("error") == "LoopTaskExhausted":
+            EXHAUSTED.labels(workflow, task).inc()
+        elif event.type == ev.TASK and data.get("error") == "WorkflowBudgetExceeded":
+            BUDGET.labels(workflow).inc()
+        elif event.type.startswith(f"{ev.CACHE}."):
+            CACHE.labels(workflow, event.type.removeprefix(f"{ev.CACHE}.")).inc()
+        elif event.type == ev.RUN_FINISHED:
+            RUNS_FINISHED.labels(workflow, data.get("status", ""), data.get("termination") or "").inc()
+
+
+def _ran_phase(event: Event) -> str:
+    """Which phase an outcome's first event closes: a check's 'complete', the attempt behind a
+    'check', a plain task's run."""
+    if event.type == ev.PHASE and event.phase == "complete":
+        return "check"
+    if event.type == ev.PHASE and event.phase == "check":
+        return "attempt"
+    return event.phase or "run"
+
+
+@_safely
+def refused(reason: str) -> None:
+    REFUSED.labels(reason).inc()
+
+
+@_safely
+def reconciled(report: Any) -> None:
+    for action in ("redispatched", "replayed", "abandoned", "cleaned", "gates_cancelled", "forgotten", "conflicts"):
+        amount = getattr(report, action, 0)
+        if amount:
+            RECONCILER.labels(action).inc(amount)
+
+
+@_safely
+def restarted() -> None:
+    RESTARTS.inc()
+
+
+class FleetCollector:
+    """The fleet's gauges and counters, read from Redis at each scrape (``taskloop metrics``)."""
+
+    def __init__(self, store: Any, queues: list[str], broker: Any = None) -> None:
+        self.store = store
+        self.queues = queues
+        self.broker = broker or store.client
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = clock.now()
+        found = self.store.fleet_view(now)
+        live = GaugeMetricFamily("taskloop_runs_live", "Runs not known to be finished (finished runs leave the "
+                                 "live index within one reconcile pass)")
+        live.add_metric([], found["live"])
+        yield live
+        due = GaugeMetricFamily("taskloop_leases_expired", "Leases expired and not yet reconciled (phases stuck "
+                                "past their lease)")
+        due.add_metric([], found["expired_leases"])
+        yield due
+        queued = GaugeMetricFamily("taskloop_phases_queued", "Messages waiting in a broker queue", labels=["queue"])
+        for queue in self.queues:
+            queued.add_metric([queue], int(self.broker.llen(queue)))
+        yield queued
+        last = GaugeMetricFamily("taskloop_reconciler_last_pass_age_seconds", "Seconds since the last reconcile pass")
+        if found["last_pass_at"] is not None:
+            last.add_metric([], max(now - found["last_pass_at"], 0.0))
+        yield last
+        started = CounterMetricFamily("taskloop_runs_started", "Runs started, by workflow", labels=["workflow"])
+        finished = CounterMetricFamily("taskloop_fleet_runs_finished", "Runs ended, by workflow, status and "
+                                       "termination", labels=["workflow", "status", "termination"])
+        refused = CounterMetricFamily("taskloop_fleet_refused_deliveries", "Stale or duplicate deliveries refused",
+                                      labels=["reason"])
+        for name, value in found["stats"].items():
+            kind, _, rest = name.partition(":")
+            if kind == "started":
+                started.add_metric([rest], value)
+            elif kind == "finished":
+                wf, status, term = [*rest.split(":"), "", "", ""][:3]
+                finished.add_metric([wf, status, term], value)
+            elif name in ("stale_deliveries", "stale_commits", "dropped_unknown_run"):
+                refused.add_metric([name], value)
+        yield started
+        yield finished
+        yield refused
+
+
+def fleet_registry(store: Any, queues: list[str], broker: Any = None) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(store, queues, broker))
+    return registry
