@@ -37,3 +37,7 @@ broker_transport_options = {"visibility_timeout": 3600}
 
 task_default_queue = "taskloop"
 broker_connection_retry_on_startup = True
+# Keep reconnecting to a broker that went away, however long it stays away (Celery gives up after
+# 100 tries, about 50 minutes, and the worker exits). Between tries Celery waits 2, 4, 6 ... up
+# to 30 s, so a worker is back at most 30 s after Redis is.
+broker_connection_max_retries = None

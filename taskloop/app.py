@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "broker_transport_options": {"visibility_timeout": 3600},
     "task_default_queue": "taskloop",
     "broker_connection_retry_on_startup": True,
+    "broker_connection_max_retries": None,  # reconnect however long the broker is away
 }
 # taskloop's guarantees rest on these: they override any configuration.
 REQUIRED: dict[str, Any] = {

@@ -87,6 +87,9 @@ class Settings:
     wait_outage_s: float = field(default_factory=lambda: _float("TASKLOOP_WAIT_OUTAGE_S", 30.0))
     # How long a callback may ignore a cancel or stop signal before its process is stopped.
     cancel_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_CANCEL_GRACE_S", 30.0))
+    # Warm shutdown (SIGTERM): how long running phases may finish before they are handed back to
+    # the queue for another worker (taskloop/worker/shutdown.py).
+    shutdown_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_SHUTDOWN_GRACE_S", 20.0))
     # TLS (rediss://): the CA that signed Redis's certificate (else the system's trust store), and
     # an optional client certificate and key; the URL's ssl_ca_certs/ssl_certfile/ssl_keyfile win.
     tls_ca: str = field(default_factory=lambda: os.environ.get("TASKLOOP_TLS_CA", ""))

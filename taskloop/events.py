@@ -13,6 +13,9 @@ the records can never disagree. Event types:
 ``lost``
     an execution of the phase was lost (its worker died, hung or lost its lease); the phase is
     queued again as a replay (``data.exec`` says which execution)
+``handed_back``
+    a worker that was shutting down gave a running phase back (its grace period ran out): the
+    phase is queued again at once, for another worker (``data.exec`` says which execution)
 ``retry``
     a flow loop's stop judgement failed and is tried again in the same round (``data``: the try,
     when it is due, the error)
@@ -22,7 +25,7 @@ the records can never disagree. Event types:
 
 The first event a phase's outcome writes carries ``data.exec``: the worker that ran it, when it
 began, how long it took and how many executions it needed; a lost execution carries
-``data.exec.lost``.
+``data.exec.lost`` (a handed-back one ``data.exec.handed_back``).
 ``transition``
     a graph workflow's handler was applied after the action ``key`` ended (``data``: the steps
     it activates next, the new state)
@@ -51,6 +54,7 @@ RUN_RESUMED = "run.resumed"
 PHASE = "phase"
 TASK = "task"
 LOST = "lost"
+HANDED_BACK = "handed_back"
 RETRY = "retry"
 TRANSITION = "transition"
 CACHE = "cache"

@@ -53,6 +53,8 @@ REFUSED = Counter("taskloop_refused_deliveries", "Messages refused: stale or dup
                   "executions, unknown runs, malformed messages", ["reason"])
 LOST = Counter("taskloop_lost_executions", "Executions found lost (dead worker, expired lease) and replayed "
                "or abandoned", ["workflow"])
+HANDED_BACK = Counter("taskloop_handed_back_phases", "Running phases a worker gave back when it shut down "
+                      "(queued again at once for another worker)", ["workflow"])
 BUDGET = Counter("taskloop_budget_refusals", "Phases refused by a spent budget", ["workflow"])
 CACHE = Counter("taskloop_cache_lookups", "Cache events: hit, miss, stored, failed", ["workflow", "result"])
 RECONCILER = Counter("taskloop_reconciler_actions", "What reconcile passes did", ["action"])
@@ -88,7 +90,7 @@ def observe_events(workflow: str, events: Iterable[Event]) -> None:
         data = event.data or {}
         info = data.get("exec")
         task = _label(event.key)
-        if info and not info.get("lost"):
+        if info and not info.get("lost") and not info.get("handed_back"):
             phase = _ran_phase(event)
             outcome = "failed" if event.type == ev.TASK and data.get("status") == "failed" else "completed"
             PHASES.labels(workflow, task, phase, outcome).inc()
@@ -98,6 +100,8 @@ def observe_events(workflow: str, events: Iterable[Event]) -> None:
                 QUEUE_WAIT.labels(workflow, phase).observe(max(info["wait"], 0.0))
         if info and info.get("lost"):
             LOST.labels(workflow).inc()
+        if info and info.get("handed_back"):
+            HANDED_BACK.labels(workflow).inc()
         if event.type == ev.PHASE and event.phase in ("attempt", "run"):
             ROUNDS.labels(workflow, task).inc()
             if event.phase == "run" and (event.round or 0) > 1:

@@ -28,7 +28,8 @@ class ErrorInfo(BaseModel):
 
 class ExecView(BaseModel):
     """One execution of a phase: where it ran and how long it took (``lost``: its worker died or
-    lost its lease, and the phase was replayed)."""
+    lost its lease, and the phase was replayed; ``handed_back``: its worker shut down and gave it
+    back, and the phase was replayed)."""
 
     model_config = ConfigDict(frozen=True)
     round: int
@@ -39,6 +40,7 @@ class ExecView(BaseModel):
     took_s: float | None = None
     replay: bool = False  # not the phase's first execution
     lost: bool = False
+    handed_back: bool = False
 
 
 class RoundView(BaseModel):
@@ -158,7 +160,7 @@ def executions(events: list[Event]) -> dict[str, list[ExecView]]:
             found.setdefault(event.key, []).append(ExecView(
                 round=round_, phase=phase, attempt=info.get("attempt"), worker=info.get("worker"),
                 began_at=info.get("began"), took_s=info.get("took"), replay=int(info.get("execs") or 1) > 1,
-                lost=bool(info.get("lost"))))
+                lost=bool(info.get("lost")), handed_back=bool(info.get("handed_back"))))
         if event.type == PHASE and event.round is not None and event.phase not in (None, "complete"):
             phases[event.key] = (event.round, event.phase or "run")
     return found

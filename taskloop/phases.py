@@ -217,6 +217,7 @@ class EventKind(str, Enum):
     RETRY = "retry"  # plain task (or a flow loop's check) failed with tries left under its retry policy
     CANCEL = "cancel"  # the run was cancelled or stopped
     EXPIRE = "expire"  # a running phase's lease expired: queue it again (a replay)
+    HAND_BACK = "hand_back"  # a worker shutting down gives a running phase back: queue it again at once
     REDISPATCH = "redispatch"  # a queued phase's message is presumed lost: send a new one
     APPROVE = "approve"  # gate approved (or resumed with a value)
     DENY = "deny"  # gate rejected
@@ -264,6 +265,7 @@ for _queued, _running in (
     TABLE[(_queued, E.FAIL)] = frozenset({S.FAILED})
     TABLE[(_queued, E.CANCEL)] = frozenset({S.CANCELLED})
     TABLE[(_running, E.EXPIRE)] = frozenset({_queued})
+    TABLE[(_running, E.HAND_BACK)] = frozenset({_queued})
     TABLE[(_running, E.FAIL)] = frozenset({S.FAILED})
     TABLE[(_running, E.CANCEL)] = frozenset({S.CANCELLED})
 # Before the first execution of an activation: condition false -> skipped; cache hit -> done.
@@ -402,6 +404,9 @@ _APPLY: dict[EventKind, Callable[[TaskRecord, PhaseEvent], dict[str, Any]]] = {
     E.RETRY: _retry,
     E.CANCEL: _finish(TaskStatus.CANCELLED),
     E.EXPIRE: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "began_at": None, "lost": r.lost + 1},
+    # A handed-back execution was not lost (lost is not counted) but it did run: execs is kept,
+    # and the replay consumes an attempt when it begins, like any replay.
+    E.HAND_BACK: lambda r, e: {"slot": Slot.QUEUED, "worker": None, "began_at": None},
     E.REDISPATCH: lambda r, e: {},
     E.APPROVE: _finish(TaskStatus.DONE),
     E.DENY: _finish(TaskStatus.REJECTED),

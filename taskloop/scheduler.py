@@ -269,8 +269,9 @@ class Planner:
             verdict = {"done": event.kind is EventKind.ACCEPT, "feedback": _shorten(event.feedback)}
             emitted.append(Event(type=ev.PHASE, key=key, round=old.round, phase=Phase.COMPLETE.value, at=self.now,
                                  data=verdict))
-        if event.kind is EventKind.EXPIRE:
-            emitted.append(Event(type=ev.LOST, key=key, round=new.round, phase=_value(new.phase), at=self.now))
+        if event.kind in (EventKind.EXPIRE, EventKind.HAND_BACK):
+            kind = ev.LOST if event.kind is EventKind.EXPIRE else ev.HANDED_BACK
+            emitted.append(Event(type=kind, key=key, round=new.round, phase=_value(new.phase), at=self.now))
         if event.kind is EventKind.RETRY and new.phase is Phase.CHECK:  # same round and phase: say so
             emitted.append(Event(type=ev.RETRY, key=key, round=new.round, phase=_value(new.phase), at=self.now,
                                  data={"try": new.tries + 1, "due": new.not_before,

@@ -385,6 +385,44 @@ class Executor:
         return Handled(Result.RECOVERED, outcome=EventKind.FAIL if after.terminal else EventKind.EXPIRE,
                        error=after.error)
 
+    def hand_back(self, phase: Phase, run_id: str, key: str, round_: int, token: int, worker: str) -> bool:
+        """Give back the phase that ``worker`` (a pool process of this worker, which is shutting
+        down) is running: it is queued again at once, with a new token and a new message, so that
+        another worker replays it without waiting for its lease to expire (see shutdown.py).
+        False when that execution no longer owns the phase (it finished meanwhile, or was taken
+        over), or the run's definition is not available here."""
+        snap = self.store.snapshot(run_id, [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION,
+                                            k.F_FINGERPRINT])
+        if snap.get(k.F_WORKFLOW) is None:
+            return False
+        try:
+            record = snap.record(key)
+            workflow = self._workflow(snap)
+        except TaskLoopError:
+            return False
+        if record is None or record.worker != worker or \
+                not recovery.is_redelivery_of_running(record, phase, round_, token):
+            return False
+        raw = snap.raw_record(key)
+
+        def plan(view: Snapshot) -> Planner:
+            if view.raw_record(key) != raw:
+                raise Superseded(f"task {key} finished or was taken over")
+            planner = Planner(workflow, view, clock.now(), self.settings)
+            took = round(planner.now - record.began_at, 6) if record.began_at is not None else None
+            planner.exec_info[key] = {"handed_back": True, "worker": record.worker, "began": record.began_at,
+                                      "execs": record.execs, "attempt": record.attempts, "took": took}
+            planner.outcome(key, PhaseEvent(EventKind.HAND_BACK, planner.now))
+            return planner
+
+        try:
+            commit(self.store, plan, snap, self.send)
+        except Superseded:
+            return False
+        log.warning("run %r task %r: %s round %s handed back by %s (shutting down); queued again for another worker",
+                    run_id, key, phase.value, round_, worker)
+        return True
+
     def _fail_corrupt(self, snap: Snapshot, key: str, problem: str) -> Handled:
         """A record that does not parse fails its task before any callback runs on it."""
         log.error("%s", problem)

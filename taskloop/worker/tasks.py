@@ -30,6 +30,7 @@ from taskloop.worker import executor as executor_module
 from taskloop.worker import starter
 from taskloop.worker.executor import Executor, Result
 from taskloop.worker.reconciler import ReconcilerThread, reconcile
+from taskloop.worker.shutdown import GracefulShutdown
 
 log = logging.getLogger("taskloop.tasks")
 
@@ -194,7 +195,8 @@ def register(app: Celery) -> None:
             message = FanoutMessage(run_id=args[0], keys=args[1])
         except (ValueError, ValidationError) as exc:
             log.error("malformed taskloop.dispatch message dropped: %s", untrusted(str(exc).splitlines()[0]))
-            return "malformed"
+            metrics.refused("malformed")
+            raise Refused(f"malformed: {untrusted(str(exc).splitlines()[0])}") from None
         worker = executor(app, self.request.hostname or "worker")
         return starter.handle_fanout(worker, message.run_id, message.keys)
 
@@ -208,7 +210,8 @@ def register(app: Celery) -> None:
                 raise ValueError("run_id must be a string")
         except ValueError as exc:
             log.error("malformed taskloop.settle message dropped: %s", untrusted(str(exc)))
-            return "malformed"
+            metrics.refused("malformed")
+            raise Refused(f"malformed: {untrusted(str(exc))}") from None
         worker = executor(app, self.request.hostname or "worker")
         return starter.handle_settle(worker, run_id)
 
@@ -243,3 +246,13 @@ def register(app: Celery) -> None:
     def stop_reconciler(**_: Any) -> None:
         for thread in threads:
             thread.stop()
+
+    graceful = GracefulShutdown(settings().shutdown_grace_s, lambda: executor(app, "shutdown"))
+
+    @signals.worker_ready.connect(weak=False)
+    def note_pool(sender: Any = None, **_: Any) -> None:
+        graceful.ready(sender)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def hand_back_later(how: str = "", **_: Any) -> None:
+        graceful.shutting_down(how)

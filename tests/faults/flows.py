@@ -2,7 +2,8 @@
 
 Every execution announces itself in ``fault:running`` (pid -> what it runs) while it works, so
 the injector can pick a process that is inside a callback, and logs itself in ``fault:execs``.
-The test Redis client retries, so that the callbacks survive a Redis restart.
+The test Redis client retries for about three minutes, so that the callbacks survive a Redis
+restart and the 60 s outage.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def probe() -> redis.Redis:
     if _client is None or _pid != os.getpid():
         _client = redis.Redis.from_url(
             os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 60),
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 180),  # rides out a 60 s outage
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         )
         _pid = os.getpid()

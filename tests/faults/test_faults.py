@@ -156,6 +156,33 @@ def test_kill_redis_and_restart_from_aof(cluster: Cluster, size: dict) -> None:
     assert_fleet_alive(cluster, fleet)
 
 
+@pytest.mark.parametrize("outage_s", [pytest.param(10, id="10s"), pytest.param(60, id="60s", marks=pytest.mark.slow)])
+def test_redis_away_for_a_long_time(cluster: Cluster, outage_s: int) -> None:
+    assert cluster.client is not None
+    # Given workers busy with phases
+    fleet = {name: cluster.celery_pid(name) for name in cluster.workers}
+    run_ids = cluster.start_runs(4, hold_s=0.3)
+    cluster.pick_running()
+    in_flight = []
+    for run_id in run_ids:
+        record = cluster.client.store.snapshot(run_id).record("work")
+        if record is not None and record.phase is not None and not record.terminal:
+            in_flight.append((run_id, "work", record.round, record.phase.value))
+    # When Redis is unreachable for outage_s (killed, then restarted from its AOF)
+    cluster.redis.kill()
+    down_at = time.time()
+    time.sleep(outage_s)
+    cluster.redis.start()
+    back_at = time.time()
+    # Then the workers reconnect by themselves, every run ends correctly, and nothing is lost
+    finish(cluster, f"Redis unreachable for {outage_s} s, then back", run_ids,
+           [Fault("redis-outage", down_at, in_flight)])
+    assert_fleet_alive(cluster, fleet)
+    took = [e.began_at - back_at for run_id in run_ids for es in executions(cluster.client.events(run_id)).values()
+            for e in es if e.began_at and e.began_at > back_at]
+    print(f"\nRedis away {outage_s} s: first phase began {min(took):.2f} s after it was back")
+
+
 def assert_fleet_alive(cluster: Cluster, fleet: dict[str, int]) -> None:
     assert cluster.client is not None
     for name, pid in fleet.items():

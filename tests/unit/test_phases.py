@@ -22,6 +22,7 @@ from taskloop.phases import (
     State,
     TaskRecord,
     TaskStatus,
+    active_state,
     advance,
     exhausted_error,
 )
@@ -33,7 +34,7 @@ TERMINAL_NO_EVENTS = frozenset({State.DONE, State.REJECTED})
 RESUMABLE_TERMINAL = frozenset({State.FAILED, State.SKIPPED, State.CANCELLED})
 # Events that move a loop forward (or replay it) without ending it.
 PROGRESS = frozenset({EventKind.ACTIVATE, EventKind.BEGIN, EventKind.CANDIDATE, EventKind.REJECT,
-                      EventKind.EXPIRE, EventKind.REDISPATCH, EventKind.RESUME})
+                      EventKind.EXPIRE, EventKind.HAND_BACK, EventKind.REDISPATCH, EventKind.RESUME})
 
 
 def active(kind: str, phase: Phase, slot: Slot, **fields: Any) -> TaskRecord:
@@ -350,6 +351,25 @@ def test_expire_requeues_the_running_phase_keeping_its_round() -> None:
     assert new.worker is None
     replay = advance(new, event(EventKind.BEGIN))
     assert (replay.round, replay.attempts, replay.execs) == (2, 3, 2)
+
+
+@pytest.mark.parametrize("phase", [Phase.ATTEMPT, Phase.CHECK, Phase.RUN])
+def test_hand_back_requeues_the_running_phase_without_counting_a_loss(phase: Phase) -> None:
+    kind = "task" if phase is Phase.RUN else "loop"
+    record = active(kind, phase, Slot.RUNNING, round=2, attempts=2, execs=1, lost=1, deadline=AT + 9)
+    new = advance(record, event(EventKind.HAND_BACK, at=AT + 5))
+    assert new.state is active_state(phase, Slot.QUEUED)
+    assert (new.round, new.attempts, new.execs, new.lost, new.deadline) == (2, 2, 1, 1, AT + 9)
+    assert (new.worker, new.began_at, new.queued_at, new.token) == (None, None, AT + 5, record.token + 1)
+    replay = advance(new, event(EventKind.BEGIN, at=AT + 6))
+    assert (replay.round, replay.attempts, replay.execs) == (2, 3, 2)
+
+
+@pytest.mark.parametrize("state", [State.QUEUED_ATTEMPT, State.QUEUED_RUN, State.DONE, State.WAITING])
+def test_only_a_running_phase_can_be_handed_back(state: State) -> None:
+    record = RECORDS[state][0][1]
+    with pytest.raises(IllegalTransition):
+        advance(record, event(EventKind.HAND_BACK))
 
 
 def test_redispatch_changes_only_the_token_and_the_send_time() -> None:

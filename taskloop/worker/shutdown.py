@@ -1,0 +1,98 @@
+"""Graceful shutdown: a worker told to stop (SIGTERM, SIGINT: Celery's warm shutdown) stops
+taking phases, lets the running ones finish for ``TASKLOOP_SHUTDOWN_GRACE_S``, then hands back
+those still running, and exits 0.
+
+Celery's warm shutdown does the first part: the consumer stops, and the messages this worker had
+prefetched but not started go back to the queue when its broker connection closes (they were
+never acknowledged: ``acks_late``). Celery would then wait for the running tasks however long they
+take. This module bounds that wait. In the worker's main process, a thread started by
+``worker_shutting_down`` watches the running taskloop phases; when the grace period is over, for
+each phase still running it
+
+1. **hands the phase back** (Executor.hand_back): one guarded write that moves the record from
+   running to queued with a new fencing token and sends a new message (``handed_back`` event), so
+   another worker replays it at once instead of after the lease expires; the write is refused
+   if the phase finished meanwhile, and then nothing else happens;
+2. acknowledges the old message (it must not come back: the new one replaces it);
+3. stops the pool process running it (SIGTERM; Flower shows the task REVOKED, "terminated").
+
+Should the callback still commit after that, its write is refused: its token is no longer the
+record's. A handed-back execution is a replay like a lost one (it consumes an attempt when it
+begins again), but it is not counted as lost. Cold shutdown (SIGQUIT, or a second SIGTERM) skips
+all this: leases expire and the reconciler replays, as for a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from taskloop.phases import Phase
+from taskloop.worker.executor import Executor
+
+log = logging.getLogger("taskloop.shutdown")
+
+PHASE_TASKS = {"taskloop.attempt": Phase.ATTEMPT, "taskloop.check": Phase.CHECK, "taskloop.run": Phase.RUN}
+
+
+def running_phases() -> list[Any]:
+    """The requests of taskloop phases that a pool process is executing now (Celery's own list;
+    ``type`` is the registered task name, ``name`` the workflow-named shadow Flower shows)."""
+    return [request for request in list(worker_state.active_requests)
+            if getattr(request, "type", None) in PHASE_TASKS and getattr(request, "worker_pid", None)]
+
+
+class GracefulShutdown:
+    """Owned by a worker's main process: ``ready`` records the pool, ``shutting_down`` starts the
+    grace period (see the module docstring)."""
+
+    def __init__(self, grace_s: float, executor: Callable[[], Executor]) -> None:
+        self.grace_s = grace_s
+        self.executor = executor
+        self.pool: Any = None
+        self.handed_back = 0
+        self._thread: threading.Thread | None = None
+
+    def ready(self, consumer: Any) -> None:
+        self.pool = getattr(consumer, "pool", None)
+
+    def shutting_down(self, how: str) -> None:
+        if how != "Warm" or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="taskloop-shutdown", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        running = running_phases()
+        if running:
+            log.warning("warm shutdown: taking no new phases; %d running get %.1f s (TASKLOOP_SHUTDOWN_GRACE_S) "
+                        "to finish before they are handed back", len(running), self.grace_s)
+        deadline = time.monotonic() + self.grace_s
+        while running_phases() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for request in running_phases():
+            try:
+                self.hand_back(request)
+            except Exception:  # a shutdown must go on: the lease still guards the phase
+                log.exception("could not hand back %s %r; its lease will expire and the reconciler replays it",
+                              request.name, request.argsrepr)
+
+    def hand_back(self, request: Any) -> bool:
+        args = tuple(request.args)
+        if len(args) != 4:
+            return False
+        run_id, key, round_, token = args
+        worker = f"{request.hostname}/{request.worker_pid}"
+        handed = self.executor().hand_back(PHASE_TASKS[request.type], run_id, key, round_, token, worker)
+        if not handed:
+            return False  # it finished (or was taken over) meanwhile: Celery waits for its process
+        self.handed_back += 1
+        request.acknowledge()
+        if self.pool is not None:
+            request.terminate(self.pool, signal="SIGTERM")
+        return True
