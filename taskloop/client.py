@@ -223,6 +223,7 @@ class TaskLoop:
 
         A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
         (``on_notice`` hears about it); the wait keeps its place in the event stream."""
+        k.check_run_id(run_id)
         deadline = None if timeout is None else clock.now() + timeout
         notice = on_notice or (lambda message: log.warning("%s", message))
         outage = _Outage(self.settings.wait_outage_s, notice)
@@ -236,9 +237,10 @@ class TaskLoop:
         observers = [*self._observers, *([on_event] if on_event else [])]
         last = "0-0"
         failures: list[dict[str, str]] = []
-        while status not in _TERMINAL:
+        # Observers hear every event of the run, also when it ended before this wait began.
+        while status not in _TERMINAL or observers:
             remaining = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - clock.now())
-            if remaining <= 0:
+            if remaining <= 0 and status not in _TERMINAL:
                 raise RunTimeout(
                     f"run {run_id} did not finish within {timeout}s (status {status}); it keeps running: "
                     "wait again, or look at it with `taskloop inspect`"
@@ -247,16 +249,22 @@ class TaskLoop:
                 if not observers:
                     ended = self.store.block_end(run_id, int(remaining * 1000))
                     events = []
-                else:
-                    events = self.store.block_events(run_id, last, int(remaining * 1000))
+                else:  # an ended run's events are all there: read them without blocking
+                    block_ms = 1 if status in _TERMINAL else int(remaining * 1000)
+                    events = self.store.block_events(run_id, last, block_ms)
                     ended = any(e.type == ev.RUN_FINISHED for e in events)
                 outage.recovered()
                 if events:
                     last = events[-1].entry_id or last
                     failures += notify(observers, events)
                 if ended:
-                    break
+                    status = self._meta(run_id).stored_status
+                    if status in _TERMINAL:
+                        break
+                    continue  # it ended once, and was resumed since: its later events follow
                 if not events:
+                    if status in _TERMINAL:
+                        break  # read to the end (its last events expired or were trimmed)
                     status = self._meta(run_id).stored_status
             except StoreUnavailable as exc:
                 outage.failed(exc, deadline)

@@ -168,13 +168,13 @@ PREFETCH_DEPENDENTS = 64  # beyond this many, an outcome reads its dependents wh
 
 
 def outcome_fields(workflow: Workflow, record: TaskRecord) -> list[str]:
-    """What the outcome of a phase that may end its task will read: the dependents' records and
-    the fields of the run's final status (begin.lua returns them with the begin)."""
+    """What the outcome of a phase that may end its task will read besides OUTCOME_FIELDS (which
+    the executor asks begin.lua for with the record): the dependents' records, returned with the
+    begin."""
     if record.phase is Phase.ATTEMPT:
         return []
     dependents = workflow.dependents.get(record.key, ())
-    fields = [k.task_field(d) for d in dependents] if len(dependents) <= PREFETCH_DEPENDENTS else []
-    return [*fields, *OUTCOME_FIELDS]
+    return [k.task_field(d) for d in dependents] if len(dependents) <= PREFETCH_DEPENDENTS else []
 
 
 def initial_record(task: Task) -> TaskRecord:

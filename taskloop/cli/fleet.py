@@ -16,6 +16,7 @@ import click
 from taskloop import clock, config
 from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, console, import_modules
 from taskloop.cli.display import print_result, render_run
+from taskloop.errors import TaskLoopError
 
 
 @click.command()
@@ -177,10 +178,14 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     settings = config.settings()
     store = RedisStore(settings.redis_url)
     send = PhaseSender(make_app(settings), settings.redis_url)
-    while True:
-        click.echo(str(reconcile(store, settings, send)))
-        if every is None:
-            return
+    if every is None:
+        click.echo(str(reconcile(store, settings, send)))  # one pass: its error is the command's
+        return
+    while True:  # a sidecar keeps going through Redis outages and refusals, as the worker thread does
+        try:
+            click.echo(str(reconcile(store, settings, send)))
+        except TaskLoopError as exc:
+            click.echo(f"reconcile pass failed: {exc}; next pass in {every:g} s", err=True)
         time.sleep(every)
 
 

@@ -46,7 +46,7 @@ from taskloop.phases import (
     TaskStatus,
     active_state,
 )
-from taskloop.scheduler import Planner
+from taskloop.scheduler import OUTCOME_FIELDS, Planner
 from taskloop.store import Batch, Conflict, RedisStore, Snapshot
 from taskloop.store import keys as k
 from taskloop.store.redis_store import dumps_worker
@@ -122,10 +122,14 @@ class Executor:
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
         """What a message reads with its begin: the record and run control first (begin.lua's
-        convention), the definition's identity and the callback's data. (A prepared begin adds
-        what the phase's outcome will need: the dependents' records and the run's outcome fields.)"""
-        return [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION, k.F_FINGERPRINT,
-                *phase_fields(phase, key, round)]
+        convention), the definition's identity, the callback's data and, for a phase that may end
+        its task, the fields of the run's final status. (A prepared begin adds the dependents'
+        records that the phase's outcome will need.)"""
+        fields = [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION, k.F_FINGERPRINT,
+                  *phase_fields(phase, key, round)]
+        if phase is not Phase.ATTEMPT:  # a check or a plain task may end its task, and then the run
+            fields += OUTCOME_FIELDS
+        return fields
 
     # deciding -------------------------------------------------------------------------------
     def _workflow(self, snap: Snapshot) -> Workflow:

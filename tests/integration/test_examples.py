@@ -1,5 +1,6 @@
 """The examples in examples/ run as documented: the producer (by name, without the workflow code),
-the three kinds of workflow, and `celery call` as a non-taskloop client."""
+the three kinds of workflow, `celery call` as a non-taskloop client, and a shell script (sh,
+base64, redis-cli: no Python) as a non-Python Celery client."""
 
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def test_celery_call_starts_a_run(client) -> None:
     body = json.dumps({"workflow": "report-revision", "input": {"approve_in": 1}, "run_id": run_id})
     done = _run("celery", "-A", "taskloop.worker.app", "call", "taskloop.start", "--kwargs", body)
     assert done.returncode == 0, done.stderr
+    from tests.waiting import wait_until
+
+    wait_until(lambda: _exists(client, run_id), timeout=30, what="the run to be created")
+    assert client.wait(run_id, timeout=30).status == "done"
+    assert client.inspect(run_id).state == {"rounds": 1, "approved": True}
+
+
+def test_a_non_python_client_starts_a_run_with_a_raw_celery_message(client) -> None:
+    run_id = f"from-shell-{uuid.uuid4().hex}"
+    url = client.settings.redis_url
+    done = subprocess.run(["sh", "examples/start-from-shell.sh", "report-revision", '{"approve_in": 1}', run_id],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={"PATH": os.environ["PATH"], "TASKLOOP_REDIS_URL": url})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == run_id
     from tests.waiting import wait_until
 
     wait_until(lambda: _exists(client, run_id), timeout=30, what="the run to be created")

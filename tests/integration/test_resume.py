@@ -50,6 +50,19 @@ def test_resume_replays_the_failed_check_without_rerunning_the_attempt(client, p
     assert_balanced(events)
 
 
+def test_an_observer_wait_on_a_resumed_run_waits_for_its_second_ending(client, probe) -> None:
+    # Given a run that failed once (its stream holds a run.finished) and was resumed
+    run_id = _broken_run(client, probe)
+    probe.delete(f"test:{run_id}:broken")
+    client.resume(run_id)
+    heard: list[tl.Event] = []
+    # When a client waits for it with an observer, reading the stream from its start
+    result = client.wait(run_id, timeout=30, on_event=heard.append)
+    # Then the wait does not stop at the first run.finished: it returns the resumed run's result
+    assert result.status == "done" and result.values["fix"] == 2
+    assert [e.type for e in heard].count("run.finished") == 2 and heard[-1].type == "run.finished"
+
+
 def test_resume_from_the_command_line(client, probe) -> None:
     run_id = _broken_run(client, probe)
     probe.delete(f"test:{run_id}:broken")

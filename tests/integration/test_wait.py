@@ -62,3 +62,17 @@ def test_wait_on_a_60s_run_with_the_cpu_saturated_returns_the_result(client, cpu
     result = run.wait(timeout=120)
     # Then it gets the result, with no StoreUnavailable on the way
     assert result.status == "done" and result.values == {"nap": 60.0}
+
+
+def test_observers_hear_every_event_of_a_run_that_ended_before_the_wait(client) -> None:
+    # Given a run that has already ended
+    run = client.start(flows.core, {})
+    assert run.wait(timeout=30).status == "done"
+    heard: list[tl.Event] = []
+    # When someone waits for it with an observer
+    result = client.wait(run.run_id, timeout=5, on_event=heard.append)
+    # Then the observer hears the whole history, in order, ending with run.finished
+    assert result.status == "done"
+    assert [e.id for e in heard] == [e.id for e in client.events(run.run_id)]
+    assert heard[-1].type == "run.finished"
+    assert sum(1 for e in heard if e.type == "phase" and e.phase == "complete") == 2

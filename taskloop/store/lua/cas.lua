@@ -10,7 +10,8 @@
 --   ["in", field, [v...]] one of   | ["cap", field, limit, add]  (value or 0) + add <= limit
 -- Writes (each part optional):
 --   "h": [f1, v1, f2, v2, ...] HSET   "d": [f...] HDEL   "i": [[f, n]...] HINCRBY
---   "x": [[f1, v1, ...]...] XADD events (one entry each)   "l": [score, member, ...] ZADD leases
+--   "x": [["e", json list]...] events: every list of the write (z's too) goes into one XADD entry
+--   "l": [score, member, ...] ZADD leases
 --   "r": [member...] ZREM leases   "e": value RPUSH end
 --   "t": seconds EXPIRE the run, its events and its end marker (and its leases with "tl": true:
 --        a run that ends with phases in flight); a finished run's lease set is empty, hence gone
@@ -58,11 +59,15 @@ if #guards > 0 then
   end
 end
 
+-- The events of this write: each part's entry is {"e", <JSON list>}; they are added at the end as
+-- one stream entry (the run-finishing events of "z" join the step's own).
+local lists = {}
+
 local function apply(w)
   if w.h and #w.h > 0 then chunked('HSET', run, w.h, 2 * CHUNK) end
   if w.d and #w.d > 0 then chunked('HDEL', run, w.d, CHUNK) end
   for _, inc in ipairs(w.i or {}) do redis.call('HINCRBY', run, inc[1], inc[2]) end
-  for _, entry in ipairs(w.x or {}) do redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(entry)) end
+  for _, entry in ipairs(w.x or {}) do table.insert(lists, entry[2]) end
   if w.l and #w.l > 0 then chunked('ZADD', leases, w.l, 2 * CHUNK) end
   if w.r and #w.r > 0 then chunked('ZREM', leases, w.r, CHUNK) end
   if w.e then redis.call('RPUSH', endlist, w.e) end
@@ -86,5 +91,10 @@ local open = false
 if batch.z then
   open = redis.call('HINCRBY', run, 'n:open', batch.z.n)
   if open == 0 then apply(batch.z.w) end
+end
+if #lists > 0 then
+  local merged = lists[1]
+  for i = 2, #lists do merged = string.sub(merged, 1, -2) .. ',' .. string.sub(lists[i], 2) end
+  redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'e', merged)
 end
 return {1, open}
