@@ -57,10 +57,9 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
     argv += ["--beat"] if beat else []
     argv += ["-E"] if events else []
     if not supervise:
-        from taskloop.worker.app import app
+        from taskloop.worker.app import run_worker
 
-        app.worker_main(["worker", *argv])
-        return
+        sys.exit(run_worker(argv))
     from taskloop.worker.supervisor import Supervisor, exit_code
 
     logging.basicConfig(level=loglevel.upper(), filename=logfile,

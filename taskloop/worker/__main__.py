@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from taskloop.worker.app import app
+from taskloop.worker.app import run_worker
 
 
 def main() -> None:
-    app.worker_main(["worker", *sys.argv[1:]])
+    sys.exit(run_worker(sys.argv[1:]))
 
 
 if __name__ == "__main__":

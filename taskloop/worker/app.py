@@ -10,3 +10,22 @@ kombu_fix.install()  # a worker must survive Redis restarts (see kombu_fix.py)
 app = make_app()
 register(app)
 celery = app
+
+
+def run_worker(argv: list[str]) -> int:
+    """Run ``celery worker`` on this app and return its exit code.
+
+    Not ``app.worker_main()``: it runs Celery's click command with ``standalone_mode=False`` and
+    drops the code, so a worker that stopped on an "Unrecoverable error" (a Redis ACL refusal, say)
+    exited 0 and its supervisor took that for a clean stop instead of restarting it."""
+    import click
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = app  # what Celery.start() does: the -A option's default
+    try:
+        code = celery_command.main(args=["worker", *argv], standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
