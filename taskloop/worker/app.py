@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from taskloop.app import make_app
-from taskloop.worker import kombu_fix
+from taskloop.worker import kombu_fix, pool_fix
 from taskloop.worker.tasks import register
 
 kombu_fix.install()  # a worker must survive Redis restarts (see kombu_fix.py)
+pool_fix.install()  # ... and reconnects after pool processes died together (see pool_fix.py)
 app = make_app()
 register(app)
 celery = app
