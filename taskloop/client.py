@@ -12,12 +12,12 @@ from typing import Any
 
 from celery import Celery
 
-from taskloop import clock, starting
+from taskloop import clock, limits, starting
 from taskloop import events as ev
 from taskloop.app import SETTLE_TASK, START_TASK, PhaseSender, make_app
 from taskloop.commit import commit
 from taskloop.config import Settings, settings
-from taskloop.definitions import REGISTRY, Workflow
+from taskloop.definitions import NAME_PATTERN, REGISTRY, Workflow, is_text
 from taskloop.errors import (
     DefinitionError,
     GateRefused,
@@ -30,7 +30,7 @@ from taskloop.errors import (
 )
 from taskloop.events import Event, Observer, notify
 from taskloop.graph import step_of
-from taskloop.jsonvalue import dumps, require_lossless
+from taskloop.jsonvalue import dumps, require_lossless, shown, text_problem
 from taskloop.models import ErrorInfo, ExecView, RoundView, RunResult, RunSummary, RunView, TaskView, executions
 from taskloop.phases import (
     TERMINAL_RUN,
@@ -179,8 +179,11 @@ class TaskLoop:
         if isinstance(workflow, Workflow):
             started = starting.start_defined(self.store, self.send, workflow, input, run_id, self.settings)
             return RunHandle(self, started.run_id, known=True)
-        if not isinstance(workflow, str) or not workflow:
-            raise InvalidInput(f"start: workflow must be a workflow or its name, got {workflow!r}")
+        if not isinstance(workflow, str) or not NAME_PATTERN.match(workflow):
+            raise InvalidInput(f"start: workflow must be a workflow or its name ([A-Za-z0-9][A-Za-z0-9._-]*), "
+                               f"got {shown(workflow)}")
+        if version is not None and not is_text(version):
+            raise InvalidInput(f"start: version must be None or a non-empty string, got {shown(version)}")
         if REGISTRY.has(workflow, version):
             defined = REGISTRY.get(workflow, version)
             started = starting.start_defined(self.store, self.send, defined, input, run_id, self.settings)
@@ -206,6 +209,7 @@ class TaskLoop:
         raise RunNotFound(run_id)
 
     def _meta(self, run_id: str) -> RunMeta:
+        k.check_run_id(run_id)  # an id no run can have: InvalidInput (it is never sent to Redis)
         snap = self.store.snapshot(run_id, k.META_FIELDS)
         if not snap.exists:
             raise RunNotFound(run_id)
@@ -306,6 +310,7 @@ class TaskLoop:
 
     def inspect(self, run_id: str) -> RunView:
         """Everything recorded about a run, including every round's output, check and executions."""
+        k.check_run_id(run_id)
         fields: dict[str, str | None] = dict(self.store.all_fields(run_id))
         if not fields:
             raise RunNotFound(run_id)
@@ -335,6 +340,9 @@ class TaskLoop:
 
     def events(self, run_id: str, after: str | None = None) -> list[Event]:
         """The run's events in order (optionally only those after the event id ``after``)."""
+        k.check_run_id(run_id)
+        if after is not None and not isinstance(after, str):
+            raise InvalidInput(f"events: after must be the id of an event of this run, got {shown(after)}")
         try:
             found = self.store.events(run_id, after)
         except ValueError as exc:
@@ -377,8 +385,9 @@ class TaskLoop:
         """Cancel a run: one small write sets its control flag. Running phases see ctx.signal,
         nothing new starts, queued phases end cancelled as their messages arrive, and the run ends
         ``cancelled`` (termination ``aborted``) once nothing runs."""
-        if not isinstance(reason, str) or not reason:
-            raise InvalidInput("cancel: reason must be a non-empty string")
+        if not isinstance(reason, str) or not reason or text_problem(reason):
+            raise InvalidInput(f"cancel: reason must be a non-empty string, got {shown(reason)}")
+        k.check_run_id(run_id)
         reason = reason[:500]
         control = CANCEL_PREFIX + reason
         batch = Batch(run_id).exists(k.F_WORKFLOW, "run exists").expect(k.F_CONTROL, None, "control")
@@ -456,7 +465,16 @@ class TaskLoop:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""
         if action not in ("approve", "reject", "resume"):
             raise GateRefused(f"decide: action must be 'approve', 'reject' or 'resume', got {action!r}")
+        if not isinstance(key, str):
+            raise GateRefused(f"decide: key must be the key of a gate (a str), got {shown(key)}")
+        for what, text in (("actor", actor), ("reason", reason)):
+            if not isinstance(text, str) or text_problem(text):
+                raise InvalidInput(f"decide: {what} must be a string, got {shown(text)}")
         require_lossless(value, "gate value", InvalidInput, "$.value")
+        value_raw = dumps(value)
+        limits.require_size(value_raw, f"the value for gate {key}", self.settings.max_gate_value_bytes,
+                            limits.GATE_VALUE_ENV)
+        reason = limits.cut(reason, 500) if isinstance(reason, str) else reason
         meta = self._meta(run_id)
         wf = REGISTRY.get(meta.workflow, meta.version)
         gate = wf.lookup(key)
@@ -476,7 +494,7 @@ class TaskLoop:
             now = clock.now()
             planner = Planner(wf, view, now, self.settings)
             gate_event = Event(type="gate", key=key, phase=action, at=now, data={"actor": actor, "reason": reason})
-            planner.decide(key, action != "reject", dumps(value), gate_event)
+            planner.decide(key, action != "reject", value_raw, gate_event)
             return planner
 
         commit(self.store, plan, self.store.snapshot(run_id, [k.task_field(key), k.F_CONTROL]), self.send)

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskloop import limits
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -100,13 +102,34 @@ class Settings:
                                in ("1", "true", "yes", "on"))
     # The Sentinel master name when a sentinel:// URL has no ?master=.
     sentinel_master: str = field(default_factory=lambda: os.environ.get("TASKLOOP_SENTINEL_MASTER", ""))
+    # Payload caps, in bytes of UTF-8 JSON (taskloop/limits.py): past one, the client raises
+    # InvalidInput and a phase fails with OutputTooLarge; the value is never written to Redis.
+    max_input_bytes: int = field(default_factory=lambda: _int(limits.INPUT_ENV, limits.DEFAULT_BYTES))
+    max_output_bytes: int = field(default_factory=lambda: _int(limits.OUTPUT_ENV, limits.DEFAULT_BYTES))
+    max_feedback_bytes: int = field(default_factory=lambda: _int(limits.FEEDBACK_ENV, limits.DEFAULT_BYTES))
+    max_gate_value_bytes: int = field(default_factory=lambda: _int(limits.GATE_VALUE_ENV, limits.DEFAULT_BYTES))
+    max_receipt_bytes: int = field(default_factory=lambda: _int(limits.RECEIPT_ENV, limits.DEFAULT_RECEIPT_BYTES))
+    # How long a cache entry lives when its Cache has no max_age_ms (seconds; default 30 days).
+    cache_ttl_s: int = field(default_factory=lambda: _int("TASKLOOP_CACHE_TTL_S", 30 * 24 * 3600))
 
     def __post_init__(self) -> None:
+        for name, setting in ((limits.INPUT_ENV, "max_input_bytes"), (limits.OUTPUT_ENV, "max_output_bytes"),
+                              (limits.FEEDBACK_ENV, "max_feedback_bytes"),
+                              (limits.GATE_VALUE_ENV, "max_gate_value_bytes"),
+                              (limits.RECEIPT_ENV, "max_receipt_bytes")):
+            limits.check_positive(name, getattr(self, setting), "number of bytes")
+        limits.check_positive("TASKLOOP_CACHE_TTL_S", self.cache_ttl_s, "number of seconds")
         if not self.broker_url:
             broker = os.environ.get("TASKLOOP_BROKER_URL") or os.environ.get("TASKLOOP_REDIS_URL")
             if not broker:
                 broker = getattr(celery_config_module(), "broker_url", None) or self.redis_url
             object.__setattr__(self, "broker_url", broker)
+
+    def caps(self) -> limits.Caps:
+        """The payload caps of these settings."""
+        return limits.Caps(input=self.max_input_bytes, output=self.max_output_bytes,
+                           feedback=self.max_feedback_bytes, gate_value=self.max_gate_value_bytes,
+                           receipt=self.max_receipt_bytes)
 
 
 _settings: Settings | None = None

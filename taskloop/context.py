@@ -55,12 +55,17 @@ class UsageSink(Protocol):
     def report_once(self, receipt: str, counts: dict[str, int]) -> bool: ...
 
 
+MAX_TOKENS = 2**53 - 1  # per report: a safe integer (Redis counters stop at 2**63 - 1)
+
+
 def _usage(input: object, cached: object, output: object) -> dict[str, int]:
     counts = {"input": input, "cached": cached, "output": output}
     for name, value in counts.items():
-        if type(value) is not int or value < 0:
+        if type(value) is not int or not 0 <= value <= MAX_TOKENS:
+            shown = f"an int of {value.bit_length()} bits" if type(value) is int and value.bit_length() > 64 \
+                else repr(value)[:80]
             raise DefinitionError(
-                f"ctx.report_usage: {name} must be a non-negative integer token count, got {value!r}"
+                f"ctx.report_usage: {name} must be a non-negative integer token count up to 2**53-1, got {shown}"
             )
     return counts  # type: ignore[return-value]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from taskloop.errors import DefinitionError, WorkflowNotRegistered
-from taskloop.jsonvalue import canonical
+from taskloop.jsonvalue import canonical, shown, text_problem
 from taskloop.options import Budget, Cache, Retry, check_timeout_ms, is_safe_int
 from taskloop.phases import TaskKind
 
@@ -82,13 +82,35 @@ def task_key(ref: TaskRef) -> str:
         return ref.key
     if isinstance(ref, str):
         return ref
-    raise DefinitionError(f"expected a task or a task key, got {ref!r}")
+    raise DefinitionError(f"expected a task or a task key, got {shown(ref)}")
+
+
+def is_text(value: object) -> bool:
+    """A non-empty str that UTF-8 can encode (no lone surrogate): what versions, prompts, actors and
+    queue names must be, since they are stored in Redis or in the definition fingerprint."""
+    return isinstance(value, str) and bool(value) and text_problem(value) is None
+
+
+def got(value: object) -> str:
+    """``, got <value>`` for a message; for a str with a lone surrogate, why it is refused."""
+    problem = text_problem(value) if isinstance(value, str) else None
+    return f", got a string that {problem}" if problem else f", got {shown(value)}"
+
+
+def items_of(value: object, message: str) -> tuple[Any, ...]:
+    """The items of an iterable argument (a list, tuple, generator ...), or DefinitionError(message)."""
+    if isinstance(value, str | bytes):
+        raise DefinitionError(message)
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise DefinitionError(f"{message}{got(value)}") from None
 
 
 def check_name(key: object, what: str = "task key") -> str:
     if not isinstance(key, str) or not NAME_PATTERN.match(key):
         raise DefinitionError(
-            f"{what} {key!r} is invalid: it must match [A-Za-z0-9][A-Za-z0-9._-]* "
+            f"{what} {shown(key)} is invalid: it must match [A-Za-z0-9][A-Za-z0-9._-]* "
             "(start with a letter or digit; then letters, digits, '.', '_' or '-')"
         )
     return key
@@ -98,10 +120,14 @@ def _check_after(key: str, after: Iterable[TaskRef] | None) -> tuple[str, ...]:
     if after is None:
         return ()
     if isinstance(after, Task | str):
-        raise DefinitionError(f"task {key}: after must be a list of tasks, e.g. after=[{after!r}]")
-    keys = tuple(task_key(ref) for ref in after)
+        raise DefinitionError(f"task {key}: after must be a list of tasks, e.g. after=[{shown(after)}]")
+    refs = items_of(after, f"task {key}: after must be a list of tasks")
+    for ref in refs:
+        if not isinstance(ref, Task | str):
+            raise DefinitionError(f"task {key}: after must list tasks or task keys, got {shown(ref)} in it")
+    keys = tuple(task_key(ref) for ref in refs)
     if key in keys:
-        raise DefinitionError(f"task {key} cannot run after itself; remove {key!r} from after")
+        raise DefinitionError(f"task {key} cannot run after itself; remove {shown(key)} from after")
     if len(set(keys)) != len(keys):
         raise DefinitionError(f"task {key}: after lists a task twice; list each dependency once")
     return keys
@@ -141,11 +167,11 @@ def _check_common(
         check_signature(f"task {key}", "condition", condition, ("ctx",))  # type: ignore[arg-type]
     check_timeout_ms(timeout_ms, f"task {key}")
     if cache is not None and not isinstance(cache, Cache):
-        raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {cache!r}")
+        raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {shown(cache)}")
     if isinstance(cache, Cache):
         check_signature(f"task {key}", "cache.key", cache.key, ("ctx",))
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise DefinitionError(f"task {key}: queue must be a non-empty queue name, got {queue!r}")
+    if queue is not None and not is_text(queue):
+        raise DefinitionError(f"task {key}: queue must be a non-empty queue name{got(queue)}")
 
 
 def define_task(
@@ -165,7 +191,7 @@ def define_task(
     check_signature(f"task {key}", "run", run, ("ctx",))
     _check_common(key, condition, timeout_ms, cache, queue)
     if retry is not None and not isinstance(retry, Retry):
-        raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {retry!r}")
+        raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {shown(retry)}")
     if retry is not None and retry.accepts is not None:
         check_signature(f"task {key}", "retry.accepts", retry.accepts, ("error", "attempt"))
     return Task(
@@ -198,7 +224,7 @@ def define_loop_task(
     check_name(key)
     if not is_safe_int(max_rounds):
         raise DefinitionError(
-            f"task {key}: max_rounds must be a positive safe integer (1 .. 2**53-1), got {max_rounds!r}"
+            f"task {key}: max_rounds must be a positive safe integer (1 .. 2**53-1), got {shown(max_rounds)}"
         )
     if not callable(attempt) or not callable(check):
         raise DefinitionError(f"define_loop_task requires attempt and check callbacks (task {key})")
@@ -243,14 +269,15 @@ def define_gate(
             f"gate {key}: gates cannot use conditions, retries, timeouts or caches; remove them"
         )
     if kind not in GATE_KINDS:
-        raise DefinitionError(f"gate {key}: kind must be one of {GATE_KINDS}, got {kind!r}")
-    if not isinstance(prompt, str) or not prompt:
-        raise DefinitionError(f"gate {key}: prompt must be a non-empty string")
+        raise DefinitionError(f"gate {key}: kind must be one of {GATE_KINDS}, got {shown(kind)}")
+    if not is_text(prompt):
+        raise DefinitionError(f"gate {key}: prompt must be a non-empty string{got(prompt)}")
     if isinstance(actors, str):
-        raise DefinitionError(f"gate {key}: actors must be a list of names, e.g. actors=[{actors!r}]")
-    actor_names = tuple(actors)
-    if not all(isinstance(a, str) and a for a in actor_names):
-        raise DefinitionError(f"gate {key}: actors must be non-empty strings, got {actor_names!r}")
+        raise DefinitionError(f"gate {key}: actors must be a list of names, e.g. actors=[{shown(actors)}]")
+    actor_names = items_of(actors, f"gate {key}: actors must be a list of names, e.g. actors=['alice']")
+    if not all(is_text(a) for a in actor_names):
+        bad = next(a for a in actor_names if not is_text(a))
+        raise DefinitionError(f"gate {key}: actors must be non-empty strings{got(bad)} in {shown(actor_names)}")
     return Task(
         key=key,
         kind=TaskKind.GATE,
@@ -305,7 +332,7 @@ class Workflow:
         found = self.lookup(key)
         if found is None:
             raise DefinitionError(
-                f"workflow {self.name} v{self.version} has no task {key!r}; its tasks are "
+                f"workflow {self.name} v{self.version} has no task {shown(key)}; its tasks are "
                 f"{sorted(self.by_key)}"
             )
         return found
@@ -385,35 +412,37 @@ def define_workflow(
 ) -> Workflow:
     """Validate a DAG of tasks and register it under ``name`` and ``version``."""
     check_name(name, "workflow name")
-    if not isinstance(version, str) or not version:
-        raise DefinitionError(f"workflow {name}: version must be a non-empty string, e.g. version='1'")
-    if isinstance(tasks, Task) or not tasks:
-        raise DefinitionError(f"workflow {name}: tasks must be a non-empty list of tasks")
+    if not is_text(version):
+        raise DefinitionError(f"workflow {name}: version must be a non-empty string, e.g. version='1'{got(version)}")
+    not_a_list = f"workflow {name}: tasks must be a non-empty list of tasks"
+    tasks = () if isinstance(tasks, Task) else items_of(tasks, not_a_list)
+    if not tasks:
+        raise DefinitionError(not_a_list)
     by_key: dict[str, Task] = {}
     for task in tasks:
         if not isinstance(task, Task):
             raise DefinitionError(
                 f"workflow {name}: tasks must be made with define_task, define_loop_task or "
-                f"define_gate, got {task!r}"
+                f"define_gate, got {shown(task)}"
             )
         if task.key in by_key:
             raise DefinitionError(
-                f"workflow {name}: duplicate task key {task.key!r}; keys must be unique within a workflow"
+                f"workflow {name}: duplicate task key {shown(task.key)}; keys must be unique within a workflow"
             )
         by_key[task.key] = task
     for task in by_key.values():
         for dep in task.after:
             if dep not in by_key:
                 raise DefinitionError(
-                    f"workflow {name}: task {task.key} runs after {dep!r}, which is not a task of "
+                    f"workflow {name}: task {task.key} runs after {shown(dep)}, which is not a task of "
                     f"this workflow; add it to tasks= or remove it from after="
                 )
     if budget is not None and not isinstance(budget, Budget):
-        raise DefinitionError(f"workflow {name}: budget must be a tl.Budget(...), got {budget!r}")
+        raise DefinitionError(f"workflow {name}: budget must be a tl.Budget(...), got {shown(budget)}")
     for flag, value in (("stop_on_error", stop_on_error), ("delete_on_success", delete_on_success)):
         if type(value) is not bool:
-            raise DefinitionError(f"workflow {name}: {flag} must be True or False, got {value!r}")
-    observer_list = tuple(observers)
+            raise DefinitionError(f"workflow {name}: {flag} must be True or False, got {shown(value)}")
+    observer_list = items_of(observers, f"workflow {name}: observers must be a list of callables (event) -> None")
     for observer in observer_list:
         _check_callable(observer, f"workflow {name}: observers must be callables (event) -> None")
     order = _topological_order(name, by_key)
@@ -458,7 +487,7 @@ class Registry:
             known = self._workflows.get((workflow.name, workflow.version))
             if known is not None and _identity(known) != _identity(workflow):
                 raise DefinitionError(
-                    f"workflow {workflow.name} version {workflow.version!r} is already registered with another "
+                    f"workflow {workflow.name} version {shown(workflow.version)} is already registered with another "
                     f"definition (fingerprint {known.fingerprint}, this one {workflow.fingerprint}); give the "
                     "changed workflow a new version, so that runs started under the old one keep it"
                 )
@@ -487,7 +516,7 @@ class Registry:
                     )
         where = f"versions {known} are" if known else "no version is"
         raise WorkflowNotRegistered(
-            f"workflow {name!r}{'' if version is None else f' version {version!r}'} is not registered "
+            f"workflow {shown(name)}{'' if version is None else f' version {shown(version)}'} is not registered "
             f"in this process ({where}); import the module that defines it (taskloop worker --import "
             "MODULE, or TASKLOOP_IMPORTS=MODULE)"
         )

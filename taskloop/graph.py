@@ -32,9 +32,12 @@ from taskloop.definitions import (
     define_loop_task,
     define_task,
     fingerprint_of,
+    got,
+    is_text,
+    items_of,
 )
 from taskloop.errors import DefinitionError
-from taskloop.jsonvalue import lossless_problem
+from taskloop.jsonvalue import lossless_problem, shown
 from taskloop.options import Budget, Cache, Retry
 
 ACTION_SEPARATOR = "@"
@@ -91,7 +94,7 @@ def step(
         task = define_task(placeholder, run, timeout_ms=timeout_ms, retry=retry, cache=cache, queue=queue)
     elif gate is not None:
         if gate not in GATE_KINDS:
-            raise DefinitionError(f"tl.step: gate must be one of {GATE_KINDS}, got {gate!r}")
+            raise DefinitionError(f"tl.step: gate must be one of {GATE_KINDS}, got {shown(gate)}")
         if any(option is not None for option in (retry, timeout_ms, cache, output_schema)):
             raise DefinitionError("tl.step: gates cannot use retries, timeouts, caches or output schemas; remove them")
         task = define_gate(placeholder, kind=gate, prompt=prompt or "", actors=actors)
@@ -100,7 +103,7 @@ def step(
             raise DefinitionError("tl.step: a loop step has no retry option (a round is the retry); remove retry=")
         task = define_loop_task(placeholder, max_rounds=max_rounds, attempt=attempt, check=check,
                                 timeout_ms=timeout_ms, cache=cache, queue=queue)
-    return Step(task, _schema(dict(output_schema) if output_schema is not None else None, "output_schema"))
+    return Step(task, _schema(output_schema, "output_schema"))
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,9 @@ class TransitionHandler:
 
     def __post_init__(self) -> None:
         check_name(self.id, "transition handler id")
-        if not isinstance(self.version, str) or not self.version:
-            raise DefinitionError(f"transition handler {self.id}: version must be a non-empty string, e.g. '1'")
+        if not is_text(self.version):
+            raise DefinitionError(
+                f"transition handler {self.id}: version must be a non-empty string, e.g. '1'{got(self.version)}")
         if not callable(self.apply):
             raise DefinitionError(f"transition handler {self.id}: apply must be a callable (run, event) -> Transition")
         check_signature(f"transition handler {self.id}", "apply", self.apply, ("run", "event"))
@@ -165,11 +169,15 @@ class GraphSpec:
         }
 
 
-def _schema(schema: dict[str, Any] | None, what: str) -> dict[str, Any] | None:
+def _schema(schema: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
     if schema is None:
         return None
-    if not isinstance(schema, dict):
-        raise DefinitionError(f"{what} must be a JSON Schema (a dict), got {schema!r}")
+    if not isinstance(schema, Mapping):
+        raise DefinitionError(f"{what} must be a JSON Schema (a dict){got(schema)}")
+    schema = dict(schema)
+    problem = lossless_problem(schema, "$")
+    if problem is not None:  # it is part of the definition fingerprint (canonical JSON)
+        raise DefinitionError(f"{what} must be a JSON Schema made of lossless JSON: {problem}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -216,17 +224,18 @@ def define_graph_workflow(
     for step_name, found in steps.items():
         check_name(step_name, "step name")
         if ACTION_SEPARATOR in step_name:
-            raise DefinitionError(f"{where}: step name {step_name!r} may not contain {ACTION_SEPARATOR!r}")
+            raise DefinitionError(f"{where}: step name {shown(step_name)} may not contain {shown(ACTION_SEPARATOR)}")
         if not isinstance(found, Step):
-            raise DefinitionError(f"{where}: step {step_name} must be made with tl.step(...), got {found!r}")
+            raise DefinitionError(f"{where}: step {step_name} must be made with tl.step(...), got {shown(found)}")
         named[step_name] = Step(replace(found.task, key=step_name), found.output_schema)
-    if entry not in named:
-        raise DefinitionError(f"{where}: entry {entry!r} is not one of its steps {sorted(named)}; "
+    if not isinstance(entry, str) or entry not in named:
+        raise DefinitionError(f"{where}: entry {shown(entry)} is not one of its steps {sorted(named)}; "
                               "name the step the run starts with")
     pairs = _transitions(where, transitions, named)
     if not isinstance(handler, TransitionHandler):
-        raise DefinitionError(f"{where}: handler must be a tl.TransitionHandler(id, version, apply), got {handler!r}")
-    schema = _schema(dict(state_schema) if state_schema is not None else None, f"{where}: state_schema")
+        raise DefinitionError(
+            f"{where}: handler must be a tl.TransitionHandler(id, version, apply), got {shown(handler)}")
+    schema = _schema(state_schema, f"{where}: state_schema")
     problem = lossless_problem(initial_state, "$")
     if problem is not None:
         raise DefinitionError(f"{where}: initial_state must be lossless JSON: {problem}")
@@ -235,10 +244,10 @@ def define_graph_workflow(
         raise DefinitionError(f"{where}: initial_state does not match state_schema: {problem}")
     if type(max_transitions) is not int or max_transitions < 1:
         raise DefinitionError(f"{where}: max_transitions must be an integer >= 1 (activations a run may dispatch, "
-                              f"the entry's included), got {max_transitions!r}")
+                              f"the entry's included), got {shown(max_transitions)}")
     if budget is not None and not isinstance(budget, Budget):
-        raise DefinitionError(f"{where}: budget must be a tl.Budget(...), got {budget!r}")
-    observer_list = tuple(observers)
+        raise DefinitionError(f"{where}: budget must be a tl.Budget(...), got {shown(budget)}")
+    observer_list = items_of(observers, f"{where}: observers must be a list of callables (event) -> None")
     for observer in observer_list:
         if not callable(observer):
             raise DefinitionError(f"{where}: observers must be callables (event) -> None")
@@ -255,18 +264,24 @@ def define_graph_workflow(
     return workflow
 
 
+def _named(end: Any) -> str:
+    """A transition end in a message: a step name as is, anything else as a (safe) repr."""
+    return end if isinstance(end, str) else shown(end)
+
+
 def _transitions(where: str, transitions: Iterable[tuple[str, str]], steps: Mapping[str, Step]) -> set[tuple[str, str]]:
     if isinstance(transitions, (str, bytes)):
         raise DefinitionError(f"{where}: transitions must be a list of (from, to) step pairs")
     pairs: set[tuple[str, str]] = set()
-    for pair in transitions:
+    for pair in items_of(transitions, f"{where}: transitions must be a list of (from, to) step pairs"):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise DefinitionError(f"{where}: each transition must be a (from, to) pair of step names, got {pair!r}")
+            raise DefinitionError(
+                f"{where}: each transition must be a (from, to) pair of step names, got {shown(pair)}")
         source, target = pair
         for end in (source, target):
-            if end not in steps:
-                raise DefinitionError(f"{where}: transition {source} -> {target} names {end!r}, which is not a "
-                                      f"step; steps are {sorted(steps)}")
+            if not isinstance(end, str) or end not in steps:
+                raise DefinitionError(f"{where}: transition {_named(source)} -> {_named(target)} names {shown(end)}, "
+                                      f"which is not a step; steps are {sorted(steps)}")
         pairs.add((source, target))
     return pairs
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from taskloop import events as ev
-from taskloop.errors import TaskLoopError
+from taskloop import limits
+from taskloop.errors import OutputTooLarge, TaskLoopError
 from taskloop.events import Event
 from taskloop.graph import OUTCOME_EVENT, Activation, GraphSpec, Transition, action_key, schema_problem, step_of
 from taskloop.jsonvalue import dumps, lossless_problem
@@ -32,6 +33,7 @@ class GraphLimitReached(TaskLoopError):
     """A graph run asked for more activations than its ``max_transitions``."""
 
 
+EVENT_STATE_LIMIT = 4_096  # characters of a state quoted in a transition event (a larger one: its size)
 OUTCOME_OF = {TaskStatus.DONE: "succeeded", TaskStatus.FAILED: "failed"}
 
 
@@ -149,7 +151,16 @@ def after_action(planner: Planner, record: TaskRecord) -> None:
         fail(planner, f"transition handler {handler.id} v{handler.version} returned an invalid state after "
                       f"{record.key}: {problem}; the last valid state is kept")
         return
+    cap = planner.settings.max_output_bytes
+    state_raw = dumps(transition.state)
+    size = limits.oversize(state_raw, cap)
+    if size is not None:
+        fail(planner, limits.too_large(f"the state that transition handler {handler.id} v{handler.version} returned "
+                                       f"after {record.key}", size, cap, limits.OUTPUT_ENV)
+             + "; the last valid state is kept", OutputTooLarge)
+        return
     wanted: list[Activation] = []
+    inputs: list[str] = []
     for item in transition.next:
         target = Activation(item) if isinstance(item, str) else item
         if not isinstance(target, Activation) or target.step not in graph.steps:
@@ -165,17 +176,27 @@ def after_action(planner: Planner, record: TaskRecord) -> None:
             fail(planner, f"the input of the activation of {target.step} after {record.key} is not lossless JSON: "
                           f"{problem}")
             return
+        input_raw = dumps(target.input)
+        size = limits.oversize(input_raw, cap)
+        if size is not None:
+            fail(planner, limits.too_large(f"the input of the activation of {target.step} after {record.key}", size,
+                                           cap, limits.OUTPUT_ENV), OutputTooLarge)
+            return
         wanted.append(target)
-    planner.run_updates[k.F_STATE] = dumps(transition.state)
+        inputs.append(input_raw)
+    planner.run_updates[k.F_STATE] = state_raw
+    # the event quotes a small state; a large one is in the run's state field (not copied per transition)
+    shown = transition.state if len(state_raw) <= EVENT_STATE_LIMIT else {"omitted": True, "characters": len(state_raw)}
     planner.events.append(Event(type=ev.TRANSITION, key=record.key, at=planner.now,
-                                data={"next": [t.step for t in wanted], "state": transition.state}))
+                                data={"next": [t.step for t in wanted], "state": shown}))
     if wanted:
-        _activate(planner, graph, wanted)
+        _activate(planner, graph, wanted, inputs)
     elif record.status is TaskStatus.FAILED:
         planner.note_failure(record)  # a failure the handler did not answer with a next step fails the run
 
 
-def _activate(planner: Planner, graph: GraphSpec, targets: list[Activation]) -> None:
+def _activate(planner: Planner, graph: GraphSpec, targets: list[Activation], inputs: list[str] | None = None) -> None:
+    """Queue ``targets`` (``inputs``: their inputs as stored JSON, when already serialised)."""
     since = int(planner.guard(k.F_ACTIVATIONS) or 0)
     if since + len(targets) > graph.max_transitions:
         message = (f"run {planner.run_id} asked for activation {since + len(targets)} but max_transitions is "
@@ -186,14 +207,14 @@ def _activate(planner: Planner, graph: GraphSpec, targets: list[Activation]) -> 
     planner.run_updates[k.F_ACTIVATIONS] = str(since + len(targets))
     counts: dict[str, int] = {}
     gates: list[str] = []
-    for target in targets:
+    for n, target in enumerate(targets):
         if target.step not in counts:
             counts[target.step] = int(planner.guard(k.activation_count_field(target.step)) or 0)
         counts[target.step] += 1
         key = action_key(target.step, counts[target.step])
         planner.tasks[key] = planner.changed[key] = _new_record(planner, key)
         planner.counters[k.F_OPEN] += 1
-        planner.data[k.activation_field(key)] = dumps(target.input)
+        planner.data[k.activation_field(key)] = inputs[n] if inputs is not None else dumps(target.input)
         if graph.steps[target.step].task.is_gate:
             gates.append(key)
         planner.move(key, PhaseEvent(EventKind.ACTIVATE, planner.now))
@@ -214,4 +235,4 @@ def fail(planner: Planner, message: str, error: type[TaskLoopError] = GraphRunFa
          termination: Termination = Termination.FAILED) -> None:
     """End the run by its rules: recorded as the run's error, nothing new starts, actions still
     running end cancelled; the state keeps its last valid value."""
-    planner.fail_run(ErrorRecord(type=error.__name__, message=message), termination)
+    planner.fail_run(ErrorRecord(type=error.__name__, message=limits.cut(message)), termination)

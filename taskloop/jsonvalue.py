@@ -3,13 +3,16 @@
 A value is lossless when ``json.loads(dumps(v)) == v`` *and* has the same types: None, bool,
 int, finite float other than -0.0, str, list, and dict with str keys, nested. Tuples, sets,
 bytes, NaN, datetimes or subclasses would come back different, so they are refused up front
-with the path of the offending element.
+with the path of the offending element. So are the values JSON text cannot carry at all: a str
+(or key) with a lone surrogate, which UTF-8 cannot encode, and an int with more digits than
+Python converts to text (``sys.get_int_max_str_digits()``, 4300 by default).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 _MAX_DEPTH = 200
@@ -21,8 +24,13 @@ def lossless_problem(value: Any, path: str = "$", depth: int = 0) -> str | None:
     if depth > _MAX_DEPTH:
         return f"{path} is nested deeper than {_MAX_DEPTH} levels (a cycle?)"
     kind = type(value)
-    if value is None or kind is bool or kind is int or kind is str:
+    if value is None or kind is bool:
         return None
+    if kind is int:
+        return _int_problem(value, path)
+    if kind is str:
+        problem = text_problem(value)
+        return None if problem is None else f"{path} {problem}"
     if kind is float:
         if not math.isfinite(value):
             return f"{path} is {value!r}, which JSON cannot hold"
@@ -39,11 +47,66 @@ def lossless_problem(value: Any, path: str = "$", depth: int = 0) -> str | None:
         for k, item in value.items():
             if type(k) is not str:
                 return f"{path} has a key {k!r} of type {type(k).__name__}; keys must be str"
+            problem = text_problem(k)
+            if problem is not None:
+                return f"{path} has a key {k!r} that {problem}"
             problem = lossless_problem(item, f"{path}.{k}", depth + 1)
             if problem:
                 return problem
         return None
     return f"{path} is a {kind.__name__}"
+
+
+def text_problem(text: str) -> str | None:
+    """Why a str cannot be stored as UTF-8 (it holds a lone surrogate), or None when it can."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"contains the lone surrogate {text[exc.start]!r} (at index {exc.start}), which UTF-8 cannot encode"
+    return None
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with every lone surrogate written as a ``\\udXXX`` escape, so that it can be stored
+    (used for what taskloop records on its own, such as an exception's message: never for values)."""
+    if text_problem(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def utf8_safe_json(value: Any, depth: int = 0) -> Any:
+    """``value`` with ``utf8_safe`` applied to every str in it (keys included), a few levels deep."""
+    if isinstance(value, str):
+        return utf8_safe(value)
+    if depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {utf8_safe(k) if isinstance(k, str) else k: utf8_safe_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [utf8_safe_json(v, depth + 1) for v in value]
+    return value
+
+
+def _int_problem(value: int, path: str) -> str | None:
+    limit = sys.get_int_max_str_digits()
+    # fast path: fewer than 3 * limit bits means fewer than `limit` digits (8**limit < 10**limit)
+    if not limit or value.bit_length() <= 3 * limit or abs(value) < 10**limit:
+        return None
+    return f"{path} is an int of more than {limit} digits, which Python will not turn into JSON text"
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters; never raises (the repr of
+    an int past Python's digit limit does, and a user object's ``__repr__`` may)."""
+    if type(value) is int and _int_problem(value, "") is not None:
+        return f"<an int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<a {type(value).__name__} whose repr() fails>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def require_lossless(value: Any, what: str, error: type[Exception], path: str = "$") -> None:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from taskloop.errors import DefinitionError, InvalidCheckResult
+from taskloop.jsonvalue import shown, text_problem
 
 MAX_SAFE_INT = 2**53 - 1
 MAX_TIMEOUT_MS = 2_147_483_647
@@ -22,7 +23,7 @@ def check_timeout_ms(value: object, owner: str) -> None:
     if value is not None and not is_safe_int(value, 1, MAX_TIMEOUT_MS):
         raise DefinitionError(
             f"{owner}: timeout_ms must be an integer from 1 to {MAX_TIMEOUT_MS} (milliseconds), "
-            f"got {value!r}"
+            f"got {shown(value)}"
         )
 
 
@@ -47,7 +48,7 @@ def _message(label: str, exc: ValidationError) -> str:
     field = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
         return f"{label}.{field} is not an option of {label}; remove it"
-    return f"{label}.{field} {first['msg'].lower()}, got {first.get('input')!r}"
+    return f"{label}.{field} {first['msg'].lower()}, got {shown(first.get('input'))}"
 
 
 def _safe_int_field(label: str, name: str, value: Any, minimum: int, optional: bool) -> Any:
@@ -56,7 +57,7 @@ def _safe_int_field(label: str, name: str, value: Any, minimum: int, optional: b
     if not is_safe_int(value, minimum):
         bound = "a positive" if minimum == 1 else f"a >= {minimum}"
         none = " or None" if optional else ""
-        raise ValueError(f"{label}.{name} must be {bound} safe integer{none}, got {value!r}")
+        raise ValueError(f"{label}.{name} must be {bound} safe integer{none}, got {shown(value)}")
     return value
 
 
@@ -85,14 +86,14 @@ class Retry(_Options):
     def _choices(cls, value: Any, info: Any) -> Any:
         allowed = ("fixed", "exponential") if info.field_name == "backoff" else ("none", "full")
         if value not in allowed:
-            raise ValueError(f"retry.{info.field_name} must be one of {allowed}, got {value!r}")
+            raise ValueError(f"retry.{info.field_name} must be one of {allowed}, got {shown(value)}")
         return value
 
     @field_validator("accepts", mode="before")
     @classmethod
     def _accepts(cls, value: Any) -> Any:
         if value is not None and not callable(value):
-            raise ValueError(f"retry.accepts must be a callable (error, attempt) -> bool, got {value!r}")
+            raise ValueError(f"retry.accepts must be a callable (error, attempt) -> bool, got {shown(value)}")
         return value
 
     @model_validator(mode="after")
@@ -134,14 +135,16 @@ class Cache(_Options):
     @classmethod
     def _key(cls, value: Any) -> Any:
         if not callable(value):
-            raise ValueError(f"cache.key must be a callable (ctx) -> JSON value, got {value!r}")
+            raise ValueError(f"cache.key must be a callable (ctx) -> JSON value, got {shown(value)}")
         return value
 
     @field_validator("version", mode="before")
     @classmethod
     def _version(cls, value: Any) -> Any:
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"cache.version must be a non-empty string, got {value!r}")
+        problem = text_problem(value) if isinstance(value, str) else None
+        if not isinstance(value, str) or not value or problem:
+            given = f"a string that {problem}" if problem else shown(value)
+            raise ValueError(f"cache.version must be a non-empty string, got {given}")
         return value
 
     @field_validator("max_age_ms", mode="before")
@@ -153,7 +156,7 @@ class Cache(_Options):
     @classmethod
     def _mode(cls, value: Any) -> Any:
         if value not in ("reuse", "refresh"):
-            raise ValueError(f"cache.mode must be 'reuse' or 'refresh', got {value!r}")
+            raise ValueError(f"cache.mode must be 'reuse' or 'refresh', got {shown(value)}")
         return value
 
     @field_validator("store", mode="before")
@@ -193,7 +196,10 @@ class LoopCheck(BaseModel):
         bad_feedback = not isinstance(feedback, str) if done is False else feedback is not None and not isinstance(
             feedback, str)
         if type(done) is not bool or bad_feedback:
-            raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got done={done!r}, feedback={feedback!r}")
+            raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got done={shown(done)}, feedback={shown(feedback)}")
+        problem = text_problem(feedback) if isinstance(feedback, str) else None
+        if problem is not None:  # it is stored (and passed to the next attempt) as UTF-8 JSON
+            raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got a feedback string that {problem}")
         super().__init__(done=done, feedback=feedback)
 
     @classmethod
@@ -203,7 +209,7 @@ class LoopCheck(BaseModel):
             return value
         if isinstance(value, dict) and set(value) <= {"done", "feedback"} and "done" in value:
             return cls(value["done"], value.get("feedback"))
-        raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got {value!r}")
+        raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got {shown(value)}")
 
 
 CHECK_RESULT_MESSAGE = "loop check must return done=True or done=False with a feedback string"

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from taskloop.errors import IllegalTransition, LoopTaskExhausted, WorkflowBudgetExceeded
+from taskloop.jsonvalue import utf8_safe, utf8_safe_json
 
 
 class TaskKind(str, Enum):
@@ -133,6 +134,15 @@ class ErrorRecord(BaseModel):
     type: str
     message: str
     details: dict[str, Any] | None = None
+
+    @field_validator("type", "message", "details", mode="before")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        """An exception's message (and traceback) may hold lone surrogates, which UTF-8 cannot
+        encode: they are escaped, or the outcome could never be recorded."""
+        if isinstance(value, dict):
+            return utf8_safe_json(value)
+        return utf8_safe(value) if isinstance(value, str) else value
 
 
 class TaskRecord(BaseModel):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from taskloop import clock
+from taskloop import clock, limits
 from taskloop import events as ev
 from taskloop.commit import Sender, commit, never
 from taskloop.config import Settings, min_lease_s
@@ -46,10 +46,12 @@ def digest(input_raw: str) -> str:
     return hashlib.sha256(input_raw.encode()).hexdigest()
 
 
-def prepare_input(input: Any) -> tuple[str, str]:
-    """The stored form of a run input and its digest (InvalidInput when it is not lossless JSON)."""
+def prepare_input(input: Any, max_bytes: int = limits.DEFAULT_BYTES) -> tuple[str, str]:
+    """The stored form of a run input and its digest (InvalidInput when it is not lossless JSON,
+    or larger than ``max_bytes``: TASKLOOP_MAX_INPUT_BYTES)."""
     require_lossless(input, "run input", InvalidInput)
     raw = dumps(input)
+    limits.require_size(raw, "run input", max_bytes, limits.INPUT_ENV)
     return raw, digest(canonical(input))
 
 
@@ -60,7 +62,7 @@ def new_run_id(run_id: str | None) -> str:
 def start_defined(store: RedisStore, send: Sender, workflow: Workflow, input: Any, run_id: str | None,
                   settings: Settings, resend: Callable[[str], None] | None = None) -> Started:
     """Start a run of a workflow defined in this process: plan it and dispatch its roots."""
-    input_raw, input_digest = prepare_input(input)
+    input_raw, input_digest = prepare_input(input, settings.max_input_bytes)
     run_id = new_run_id(run_id)
     now = clock.now()
 
@@ -80,7 +82,7 @@ def start_defined(store: RedisStore, send: Sender, workflow: Workflow, input: An
 def record_pending(store: RedisStore, name: str, version: str | None, input: Any, run_id: str | None,
                    settings: Settings) -> Started:
     """Record a run by workflow name, for a worker to plan (the caller sends taskloop.start)."""
-    input_raw, input_digest = prepare_input(input)
+    input_raw, input_digest = prepare_input(input, settings.max_input_bytes)
     run_id = new_run_id(run_id)
     now = clock.now()
     batch = Batch(run_id).expect(k.F_WORKFLOW, None, "run exists")

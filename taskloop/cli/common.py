@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +19,7 @@ from rich.console import Console
 
 from taskloop import config
 from taskloop.errors import TaskLoopError
+from taskloop.jsonvalue import shown, utf8_safe
 
 if TYPE_CHECKING:
     from taskloop.client import TaskLoop
@@ -30,10 +33,40 @@ IMPORT_OPTION = click.option(
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+MAX_SECONDS = 31_536_000.0  # a year: any longer wait is a typo (and past what time.sleep takes)
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2
+    """A number of seconds: finite, from 0 (or above 0 with ``positive``) to a year. Click's float
+    takes nan, inf and negative numbers, which end in a traceback deep inside a wait or a sleep."""
+
+    name = "seconds"
+
+    def __init__(self, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{shown(value)} is not a number of seconds", param, ctx)
+        low = "above 0" if self.positive else "0 or more"
+        if not math.isfinite(number) or number < 0 or (self.positive and number == 0) or number > MAX_SECONDS:
+            self.fail(f"{shown(value)} is not a number of seconds {low} (at most {MAX_SECONDS:.0f})", param, ctx)
+        return number
+
+
 def import_modules(modules: tuple[str, ...]) -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     for name in [*modules, *config.settings().imports]:
+        if not MODULE_NAME.match(name):
+            raise click.BadParameter(f"{shown(name)} is not a module name (e.g. myapp.workflows)",
+                                     param_hint="'--import' / TASKLOOP_IMPORTS")
         try:
             importlib.import_module(name)
         except ImportError as exc:
@@ -44,9 +77,14 @@ def import_modules(modules: tuple[str, ...]) -> None:
 
 
 def make_client() -> TaskLoop:
+    """The command's client, closed when the command ends (its producer goes back to the pool)."""
     from taskloop.client import TaskLoop
 
-    return TaskLoop()
+    client = TaskLoop()
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(client.close)
+    return client
 
 
 def parse_json(option: str, raw: str | None) -> Any:
@@ -55,9 +93,12 @@ def parse_json(option: str, raw: str | None) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON ({exc}); pass e.g. {option} '{{\"topic\": \"x\"}}'") from None
+        raise click.BadParameter(f"not valid JSON ({exc}); pass e.g. {option} '{{\"topic\": \"x\"}}'",
+                                 param_hint=f"'{option}'") from None
     except RecursionError:
-        raise click.BadParameter("nested too deeply to be a run input; flatten it") from None
+        raise click.BadParameter("nested too deeply to be a run input; flatten it", param_hint=f"'{option}'") from None
+    except ValueError as exc:  # an int past Python's 4300-digit limit
+        raise click.BadParameter(f"JSON that Python cannot read ({exc})", param_hint=f"'{option}'") from None
 
 
 def resolve(client: TaskLoop, run_id: str) -> str:
@@ -65,19 +106,40 @@ def resolve(client: TaskLoop, run_id: str) -> str:
     return client.find(run_id)
 
 
+def one_line(text: str) -> str:
+    """An error message for the terminal: line breaks and other control characters escaped, lone
+    surrogates too (the terminal's encoding could not print them)."""
+    escaped = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return utf8_safe(escaped)
+
+
 @contextmanager
 def clear_errors() -> Iterator[None]:
-    """taskloop's errors and Redis failures as one line on stderr, never a traceback."""
+    """taskloop's errors and Redis failures as one line on stderr, never a traceback. Anything else
+    (a bug) is one line too, saying so; TASKLOOP_DEBUG=1 lets its traceback through."""
     try:
         yield
+    except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+        raise
     except TaskLoopError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        raise click.ClickException(one_line(f"{type(exc).__name__}: {exc}")) from exc
     except redis.exceptions.ResponseError as exc:
-        raise click.ClickException(f"Redis refused a command ({exc}); check that TASKLOOP_REDIS_URL points at a "
-                                   "Redis server (6.2 or newer) and that its user may run taskloop's commands") from exc
+        raise click.ClickException(one_line(
+            f"Redis refused a command ({exc}); check that TASKLOOP_REDIS_URL points at a Redis server (6.2 or "
+            "newer) and that its user may run taskloop's commands")) from exc
     except (redis.exceptions.RedisError, ValueError) as exc:
         if isinstance(exc, ValueError) and "redis" not in str(exc).lower() and "url" not in str(exc).lower():
-            raise
-        raise click.ClickException(
+            _unexpected(exc)
+        raise click.ClickException(one_line(
             f"TASKLOOP_REDIS_URL does not lead to a Redis server ({type(exc).__name__}: {exc}); use a URL such as "
-            "redis://127.0.0.1:6379/0") from exc
+            "redis://127.0.0.1:6379/0")) from exc
+    except Exception as exc:
+        _unexpected(exc)
+
+
+def _unexpected(exc: Exception) -> None:
+    if os.environ.get("TASKLOOP_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise exc
+    raise click.ClickException(one_line(
+        f"unexpected {type(exc).__name__}: {shown(str(exc), 500)[1:-1]} (this is a bug in taskloop or in a "
+        "workflow module: run again with TASKLOOP_DEBUG=1 to see the traceback)")) from exc

@@ -14,7 +14,7 @@ import time
 import click
 
 from taskloop import clock, config
-from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, console, import_modules
+from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, Seconds, console, import_modules
 from taskloop.cli.display import print_result, render_run
 from taskloop.errors import TaskLoopError
 
@@ -114,7 +114,8 @@ def metrics_command(port: int, host: str, queues: tuple[str, ...]) -> None:
 
 @click.command()
 @JSON_OPTION
-@click.option("--timeout", type=float, default=2.0, show_default=True, help="Seconds to wait for workers to answer.")
+@click.option("--timeout", type=Seconds(positive=True), default=2.0, show_default=True,
+              help="Seconds to wait for workers to answer.")
 def status(as_json: bool, timeout: float) -> None:
     """The fleet at a glance: workers online with their queues and processes, queue lengths, live
     runs by status, expired leases, and the reconciler's last pass."""
@@ -166,7 +167,7 @@ def status(as_json: bool, timeout: float) -> None:
 
 @click.command(name="reconcile")
 @IMPORT_OPTION
-@click.option("--every", type=float, default=None, help="Keep going: one pass every N seconds.")
+@click.option("--every", type=Seconds(positive=True), default=None, help="Keep going: one pass every N seconds.")
 def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     from taskloop.app import PhaseSender, make_app

@@ -12,7 +12,16 @@ from rich.live import Live
 from rich.table import Table
 
 from taskloop import clock
-from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, console, import_modules, make_client, parse_json, resolve
+from taskloop.cli.common import (
+    IMPORT_OPTION,
+    JSON_OPTION,
+    Seconds,
+    console,
+    import_modules,
+    make_client,
+    parse_json,
+    resolve,
+)
 from taskloop.cli.display import Progress, ago, event_line, iso, print_result, render_run
 from taskloop.errors import RunNotFound, StoreUnavailable
 from taskloop.models import RunResult
@@ -92,7 +101,8 @@ def wait_with_progress(client: Any, run_id: str, timeout: float | None, quiet: b
 @click.option("--run-id", default=None,
               help="Your id for the run: starting it twice with the same input gives one run.")
 @click.option("--wait", is_flag=True, help="Wait for the run to end, showing its progress.")
-@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait at most (default: no limit).")
+@click.option("--timeout", type=Seconds(), default=None,
+              help="With --wait: seconds to wait at most (default: no limit).")
 @click.option("--json", "as_json", is_flag=True, help="With --wait: print the result as JSON.")
 def start(workflow: str, imports: tuple[str, ...], input_json: str | None, version: str | None,
           run_id: str | None, wait: bool, timeout: float | None, as_json: bool) -> None:
@@ -180,7 +190,7 @@ def cancel(run_id: str, reason: str) -> None:
 @click.argument("run_id")
 @IMPORT_OPTION
 @click.option("--wait", is_flag=True, help="Wait for the resumed run to end.")
-@click.option("--timeout", type=float, default=None, help="With --wait: seconds to wait at most.")
+@click.option("--timeout", type=Seconds(), default=None, help="With --wait: seconds to wait at most.")
 def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | None) -> None:
     """Replay the interrupted phases of a failed run. RUN_ID may be a unique prefix."""
     import_modules(imports)

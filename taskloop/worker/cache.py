@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from taskloop import events as ev
+from taskloop import limits
 from taskloop.context import TaskContext
 from taskloop.errors import InvalidCacheKey
 from taskloop.events import Event
@@ -37,19 +38,24 @@ class CacheStore(Protocol):
     def write(self, fingerprint: str, entry: dict[str, Any]) -> None: ...
 
 
-class RedisCacheStore:
-    """The default store: one string key per fingerprint, expiring after ``max_age_ms`` when set."""
+DEFAULT_TTL_S = 30 * 24 * 3600  # TASKLOOP_CACHE_TTL_S
 
-    def __init__(self, store: RedisStore, max_age_ms: int | None = None) -> None:
+
+class RedisCacheStore:
+    """The default store: one string key per fingerprint, expiring after ``max_age_ms`` when set,
+    else after ``ttl_s`` (TASKLOOP_CACHE_TTL_S, 30 days): no entry lives forever."""
+
+    def __init__(self, store: RedisStore, max_age_ms: int | None = None, ttl_s: int = DEFAULT_TTL_S) -> None:
         self.store = store
         self.max_age_ms = max_age_ms
+        self.ttl_ms = max_age_ms if max_age_ms is not None else ttl_s * 1000
 
     def read(self, fingerprint: str) -> dict[str, Any] | None:
         raw = self.store.client.get(k.cache_key(fingerprint))
         return None if raw is None else dict(json.loads(raw))
 
     def write(self, fingerprint: str, entry: dict[str, Any]) -> None:
-        self.store.client.set(k.cache_key(fingerprint), dumps(entry), px=self.max_age_ms)
+        self.store.client.set(k.cache_key(fingerprint), dumps(entry), px=self.ttl_ms)
 
 
 def fingerprint(workflow: str, task: str, version: str, key: Any) -> str:
@@ -75,11 +81,14 @@ class Lookup:
         return self.value_raw is not None
 
 
-def store_for(cache: Cache, default: RedisStore) -> CacheStore:
-    return cache.store if cache.store is not None else RedisCacheStore(default, cache.max_age_ms)
+def store_for(cache: Cache, default: RedisStore, ttl_s: int = DEFAULT_TTL_S) -> CacheStore:
+    return cache.store if cache.store is not None else RedisCacheStore(default, cache.max_age_ms, ttl_s)
 
 
-def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: CacheStore, now: float) -> Lookup:
+def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: CacheStore, now: float,
+           max_bytes: int | None = None) -> Lookup:
+    """Consult the cache. A cached value over ``max_bytes`` (TASKLOOP_MAX_OUTPUT_BYTES) is a failed
+    read: a miss, never restored."""
     try:
         key = invoke(cache.key, ctx)
     except Exception as exc:
@@ -101,6 +110,10 @@ def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: Cach
             problem = lossless_problem(value)
             if problem is not None:
                 raise ValueError(f"cached value is not lossless JSON: {problem}")
+            value_raw = dumps(value)
+            size = limits.oversize(value_raw, max_bytes) if max_bytes is not None else None
+            if size is not None:
+                raise ValueError(limits.too_large("cached value", size, max_bytes or 0, limits.OUTPUT_ENV))
     except Exception as exc:
         log.warning("cache read failed for %s/%s: %r (treated as a miss)", workflow, task, exc)
         found.events.append(_event("failed", task, now, fingerprint=short, operation="read",
@@ -112,7 +125,7 @@ def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: Cach
     elif cache.max_age_ms is not None and (now - stored_at) * 1000 > cache.max_age_ms:
         found.events.append(_event("miss", task, now, fingerprint=short, reason="expired"))
     else:
-        found.value_raw = dumps(value)
+        found.value_raw = value_raw
         found.events.append(_event("hit", task, now, fingerprint=short, stored_at=stored_at))
     return found
 

@@ -97,6 +97,7 @@ class Executor:
         self.worker = worker
         self.worker_json = dumps_worker(worker)
         self.watcher = Watcher(store, settings)
+        self.caps = settings.caps()
 
     # entry point ----------------------------------------------------------------------------
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> Handled:
@@ -194,17 +195,19 @@ class Executor:
         return self._admit(workflow, task, snap, record, lookup)
 
     def _lost(self, snap: Snapshot, record: TaskRecord) -> bool:
-        """The running execution behind a redelivered message is gone: its process died (Celery
-        re-queues the message of a killed pool process) or its lease expired."""
-        if recovery.worker_is_dead(record.worker, wait=1.0):
-            return True
+        """The running execution behind a redelivered message is gone: its lease expired, or its
+        process died (Celery re-queues the message of a killed pool process). The lease is looked
+        at first, and the process only once, without waiting: anyone who can publish a message
+        with a token one below a running phase's must not be able to hold a pool process with it."""
         expiry = self.store.lease_of(snap.run_id, record.key)
-        return expiry is not None and expiry < clock.now()
+        if expiry is not None and expiry < clock.now():
+            return True
+        return recovery.worker_is_dead(record.worker, wait=0.0)
 
     def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
                  record: TaskRecord) -> caching.Lookup | Handled:
         """Condition and cache, before the first execution of an activation (attempt 0)."""
-        ctx = build_context(self.store, workflow, task, snap, record, Signal(), None)
+        ctx = build_context(self.store, workflow, task, snap, record, Signal(), None, self.caps)
         if task.condition is not None:
             try:
                 keep = invoke(task.condition, ctx)
@@ -215,8 +218,8 @@ class Executor:
                 return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.SKIP, reason="condition"))
         if task.cache is None or record.attempts:  # no cache lookup on a resume
             return caching.Lookup()
-        store = caching.store_for(task.cache, self.store)
-        found = caching.lookup(task.cache, ctx, workflow.name, task.key, store, clock.now())
+        store = caching.store_for(task.cache, self.store, self.settings.cache_ttl_s)
+        found = caching.lookup(task.cache, ctx, workflow.name, task.key, store, clock.now(), self.caps.output)
         if found.error is not None:
             return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.FAIL, error=found.error),
                                         found.events)
@@ -266,7 +269,7 @@ class Executor:
         phase = record.phase
         assert phase is not None
         signal = Signal()
-        ctx = build_context(self.store, workflow, task, snap, record, signal, phase)
+        ctx = build_context(self.store, workflow, task, snap, record, signal, phase, self.caps)
         raw = snap.raw_record(task.key)
         assert raw is not None
 
@@ -283,7 +286,7 @@ class Executor:
                 os.kill(os.getpid(), signals.SIGKILL)
 
         with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun):
-            outcome = call_phase(task, phase, ctx, snap)
+            outcome = call_phase(task, phase, ctx, snap, self.caps)
         return self._record(workflow, task, snap, record, outcome, signal)
 
     # recording ------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ class Executor:
         fingerprint = snap.get(k.fingerprint_field(task.key))
         if fingerprint is None:
             return None
-        store = caching.store_for(task.cache, self.store)
+        store = caching.store_for(task.cache, self.store, self.settings.cache_ttl_s)
         return caching.write_back(store, task.key, fingerprint, outcome.data[k.value_field(task.key)], clock.now())
 
     # refusals and recovery ------------------------------------------------------------------

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError, field_validator
 
 from taskloop import clock, starting
 from taskloop.commit import commit
-from taskloop.definitions import REGISTRY
+from taskloop.definitions import NAME_PATTERN, REGISTRY, is_text
 from taskloop.errors import CommitConflict, TaskLoopError, WorkflowNotRegistered
 from taskloop.phases import QUEUED_STATES
 from taskloop.scheduler import CANCEL_PREFIX, Dispatch, Planner
@@ -30,6 +30,27 @@ class StartMessage(BaseModel):
     version: StrictStr | None = None
     run_id: StrictStr | None = None
 
+    @field_validator("workflow")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise ValueError("workflow is not a workflow name ([A-Za-z0-9][A-Za-z0-9._-]*)")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None and not is_text(value):
+            raise ValueError("version must be a non-empty string")
+        return value
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str | None) -> str | None:
+        if value is not None and not k.RUN_ID_PATTERN.match(value):
+            raise ValueError("run_id does not match the run id pattern")
+        return value
+
 
 def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     if len(args) == 1 and not kwargs and isinstance(args[0], str):
@@ -43,7 +64,7 @@ def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
             raise ValueError("pass the run by keyword: workflow=..., input=..., version=..., run_id=...")
         message = StartMessage(**kwargs)
     except (ValueError, TypeError, ValidationError) as exc:
-        log.error("malformed taskloop.start message dropped: %s", str(exc).splitlines()[0][:300])
+        log.error("malformed taskloop.start message dropped: %r", _first_problem(exc))
         return "malformed"
     try:
         try:
@@ -60,6 +81,14 @@ def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
         return f"refused: {type(exc).__name__}"
     log.info("run %s of %s started from a taskloop.start message", started.run_id, message.workflow)
     return "started" if started.created else "exists"
+
+
+def _first_problem(exc: Exception) -> str:
+    """The first line of an error about a message, cut short (a validation error quotes the input)."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:300]
+    return (str(exc).splitlines() or [""])[0][:300]
 
 
 def handle_fanout(worker: Executor, run_id: str, keys: list[str]) -> str:

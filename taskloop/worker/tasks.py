@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, signals
@@ -23,6 +24,7 @@ from taskloop import metrics
 from taskloop.config import settings
 from taskloop.definitions import NAME_PATTERN
 from taskloop.graph import ACTION_KEY
+from taskloop.jsonvalue import shown
 from taskloop.phases import EventKind, Phase
 from taskloop.store import RedisStore
 from taskloop.store import keys as k
@@ -39,8 +41,52 @@ UNTRUSTED_LOG_CHARS = 200  # how much of an untrusted value a log line may quote
 
 def untrusted(value: Any) -> str:
     """An untrusted value for a log line: repr'd (no raw newlines) and truncated."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit (JSON can carry one)
+        text = shown(value)
     return text if len(text) <= UNTRUSTED_LOG_CHARS else text[:UNTRUSTED_LOG_CHARS] + "...(truncated)"
+
+
+LOG_ARG_CHARS = 2_000  # how much of one argument of any log record the worker writes
+# Line breaks and other control characters (but tab), written as escapes in log arguments.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if c != 0x09}
+_CONTROL.update({0x0A: "\\n", 0x0D: "\\r", 0x85: "\\x85", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def one_line(value: Any) -> Any:
+    """A log argument that cannot start a line of its own: control characters escaped, cut to
+    LOG_ARG_CHARS (other values are left to the formatter)."""
+    if not isinstance(value, str):
+        return value
+    if len(value) > LOG_ARG_CHARS:
+        value = value[:LOG_ARG_CHARS] + "...(truncated)"
+    return value.translate(_CONTROL) if not value.isprintable() else value
+
+
+class OneLineArgs(logging.Filter):
+    """Every record of the worker is written on its own lines only: Celery logs a message's task id,
+    shadow name or exception text as it is (``Task %(name)s[%(id)s] received``), so a line break in
+    a forged header would forge a log line of its own. The format strings (and tracebacks, which
+    are not arguments) keep their line breaks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            record.args = tuple(one_line(a) for a in args)
+        elif isinstance(args, Mapping):
+            record.args = {name: one_line(value) for name, value in args.items()}
+        return True
+
+
+ONE_LINE = OneLineArgs()
+
+
+def one_line_logs(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Put the filter on every handler of ``logger`` (Celery's after_setup_logger signals)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if ONE_LINE not in handler.filters:
+            handler.addFilter(ONE_LINE)
 
 
 def _run_id(value: str) -> str:
@@ -220,6 +266,11 @@ def register(app: Celery) -> None:
         """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
         worker = executor(app, "beat")
         return str(reconcile(worker.store, worker.settings, worker.send))
+
+    # a message Celery's own handler chokes on is dropped, never fatal (taskloop/worker/consumer.py)
+    app.conf.worker_consumer = "taskloop.worker.consumer:Consumer"
+    signals.after_setup_logger.connect(one_line_logs, weak=False)
+    signals.after_setup_task_logger.connect(one_line_logs, weak=False)
 
     interval = settings().reconcile_interval_s
     if interval > 0:
