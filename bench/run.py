@@ -127,9 +127,17 @@ class System:
         raise NotImplementedError
 
     def processes(self) -> dict[str, list[int]]:
-        pool = [pid for proc in self.procs for pid in children_of(proc.pid)]
-        return {"worker main": [p.pid for p in self.procs], "worker pool": pool,
-                "redis-server": [self.redis_pid], "client": [os.getpid()]}
+        """Every process of the workers: the pool processes (the leaves of each worker's process
+        tree) and the rest ("worker main": Celery's main process, and for ``taskloop worker`` also
+        its supervisor, the parent of Celery's main process)."""
+        main, pool = [], []
+        todo = [proc.pid for proc in self.procs]
+        while todo:
+            pid = todo.pop()
+            children = children_of(pid)
+            (main if children else pool).append(pid)
+            todo += children
+        return {"worker main": main, "worker pool": pool, "redis-server": [self.redis_pid], "client": [os.getpid()]}
 
     def throughput(self, mode: str, n: int, timeout: float = 1800) -> dict[str, Any]:
         self.r.delete("bench:finished")
