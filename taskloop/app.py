@@ -100,7 +100,9 @@ def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str
 
 
 class PhaseSender:
-    """Sends phase messages through one producer kept for the life of the process.
+    """Sends phase messages through one producer kept for the life of the process (a worker), or
+    taken from kombu's pool for each send (``keep=False``: a client, so that clients a service
+    never closes do not use up the pool's ``broker_pool_limit`` connections and block).
 
     When the broker is the store's own Redis, ``fold`` returns the Redis commands that publish
     the messages, for the commit to run inside its write (outbox.py); otherwise the commit calls
@@ -109,8 +111,9 @@ class PhaseSender:
     Celery; if a send still fails, the producer is dropped and the next send takes a fresh one
     (the phase stays queued with its lease, and the reconciler re-sends it)."""
 
-    def __init__(self, app: Celery, store_url: str | None = None) -> None:
+    def __init__(self, app: Celery, store_url: str | None = None, keep: bool = True) -> None:
         self.app = app
+        self.keep = keep  # False (a client): the producer goes back to kombu's pool after each send
         self._producer: Any = None
         self._lock = threading.Lock()
         self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
@@ -118,7 +121,11 @@ class PhaseSender:
 
     def __call__(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
         with self._lock:
-            self._locked_publish(workflow, run_id, dispatches)
+            try:
+                self._locked_publish(workflow, run_id, dispatches)
+            finally:
+                if not self.keep:
+                    self._release()
 
     def fold(self, workflow: Workflow, run_id: str,
              dispatches: Sequence[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None:
@@ -132,6 +139,9 @@ class PhaseSender:
                 log.info("messages are sent after each write: %s", exc)
                 self.folds = False
                 return None
+            finally:
+                if not self.keep:
+                    self._release()
 
     def _acquire(self) -> Any:
         if self._producer is None:

@@ -148,9 +148,9 @@ class TaskLoop:
 
     @property
     def send(self) -> PhaseSender:
-        """The sender of phase messages (one producer kept by this client)."""
+        """The sender of phase messages (a producer from kombu's pool for each send)."""
         if self._sender is None:
-            self._sender = PhaseSender(self.app, self.settings.redis_url)
+            self._sender = PhaseSender(self.app, self.settings.redis_url, keep=False)
         return self._sender
 
     def close(self) -> None:

@@ -233,12 +233,11 @@ def test_calls_on_unknown_or_malformed_run_ids_fail_clearly_and_write_nothing(
     assert _keys(fuzz_probe) == before, f"{call} on an unknown run wrote to Redis"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found while fuzzing the CLI in one process: every TaskLoop client keeps a producer, and with it one of "
-    "kombu's process-wide broker connections (broker_pool_limit, 10), until close(); the 11th client that "
-    "is not closed blocks forever in start(). The CLI now closes its client; a fix for services (a client "
-    "that does not pin a pooled connection, or a clear error instead of a silent block) is not small"))
 def test_clients_that_are_not_closed_do_not_block_later_starts(fuzz_redis: RedisServer) -> None:
+    """Found while fuzzing the CLI in one process: every client kept a producer, and with it one of
+    kombu's process-wide broker connections (``broker_pool_limit``, 10), until close(); the 11th
+    client that was not closed blocked forever in start(). A client now takes a producer from the
+    pool for each send and gives it back."""
     clients: list[TaskLoop] = []
     started: list[str] = []
 
