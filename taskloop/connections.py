@@ -578,6 +578,15 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
 _UNREACHABLE_HINT = "check that redis-server is running and that TASKLOOP_REDIS_URL points at it"
 
 
+# How Redis refuses a command to an ACL user inside a script (a plain ResponseError, not NOPERM).
+_SCRIPT_DENIED = ("can't run this command", "no permissions to access")
+
+
+def denied_in_script(exc: BaseException) -> bool:
+    """A script stopped because its ACL user may not run one of its commands or touch one of its keys."""
+    return isinstance(exc, rex.ResponseError) and any(text in str(exc) for text in _SCRIPT_DENIED)
+
+
 def _tls_failure(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     for _ in range(5):
@@ -607,7 +616,7 @@ def describe(exc: BaseException, url: str, variable: str = "TASKLOOP_REDIS_URL")
         return StoreAccessDenied(
             f"Redis at {where} refused taskloop's credentials ({detail}); check the user name and password in "
             f"{variable} (redis://USER:PASSWORD@host:port/db, or ?password=) and that the ACL user exists and is on")
-    if isinstance(exc, rex.NoPermissionError):
+    if isinstance(exc, rex.NoPermissionError) or denied_in_script(exc):
         return StoreAccessDenied(
             f"Redis at {where} does not let ACL user {user!r} do this ({detail}); grant it taskloop's "
             "commands and keys (see docs/operations.md, 'ACL'), e.g. ACL SETUSER "

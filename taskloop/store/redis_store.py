@@ -68,6 +68,11 @@ class BeginReply:
     fields: dict[str, str | None]
 
 
+# What _wrap looks at: the errors of reaching Redis, and script errors (only an ACL refusal is turned
+# into a taskloop error; any other script error is a bug, raised as it is).
+_WRAPPED: tuple[type[BaseException], ...] = (*connections.STORE_ERRORS, redis.exceptions.ResponseError)
+
+
 class RedisStore:
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (connections.describe)."""
@@ -91,11 +96,15 @@ class RedisStore:
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             try:
                 return fn(*args, **kwargs)
-            except connections.STORE_ERRORS as exc:
+            except _WRAPPED as exc:
+                if isinstance(exc, redis.exceptions.ResponseError) and not isinstance(exc, connections.STORE_ERRORS) \
+                        and not connections.denied_in_script(exc):
+                    raise  # a script's own error: a bug to see as it is
                 self = args[0]
                 assert isinstance(self, RedisStore)
                 # StoreUnavailable (unreachable, timeout, TLS not verified, ...) or StoreAccessDenied
-                # (wrong password, unknown ACL user, NOPERM), with the URL redacted.
+                # (wrong password, unknown ACL user, NOPERM, a command the ACL user may not run in a
+                # script), with the URL redacted.
                 raise connections.describe(exc, self.url) from exc
         return call
 

@@ -129,3 +129,21 @@ def test_worker_with_separate_acl_users(server: Node, tmp_path: Path) -> None:
     finally:
         client.close()
         worker.stop()
+
+
+def test_a_command_denied_inside_a_script_is_access_denied(server: Node) -> None:
+    """Redis reports a command an ACL user may not run inside a script as a plain script error
+    (not NOPERM); the store still says what it is and how to grant it."""
+    from tests.integration import flows
+
+    with server.client(password=DEFAULT_PASSWORD) as admin:
+        admin.execute_command("ACL", "SETUSER", "noxadd", "on", ">n0xadd-pw", "~tl:*", "+@read", "+@scripting",
+                              "+@connection", "+hset", "+hincrby", "+zadd", "+expire")
+    store_url = url(server, "noxadd:n0xadd-pw@")
+    client = TaskLoop(config=Settings(redis_url=store_url, broker_url=url(server, "tlbroker:br0ker-pw@")))
+    try:
+        with pytest.raises(StoreAccessDenied, match="does not let ACL user 'noxadd'") as info:
+            client.start(flows.core, input={})
+        assert "n0xadd-pw" not in str(info.value) and "can't run this command" in str(info.value)
+    finally:
+        client.close()
