@@ -474,7 +474,7 @@ class TaskLoop:
         value_raw = dumps(value)
         limits.require_size(value_raw, f"the value for gate {key}", self.settings.max_gate_value_bytes,
                             limits.GATE_VALUE_ENV)
-        reason = limits.cut(reason, 500) if isinstance(reason, str) else reason
+        reason, actor = limits.cut(reason, 500), limits.cut(actor, 200)  # recorded in the gate event
         meta = self._meta(run_id)
         wf = REGISTRY.get(meta.workflow, meta.version)
         gate = wf.lookup(key)

@@ -147,9 +147,13 @@ def test_a_gate_value_over_the_cap_is_refused_and_the_gate_keeps_waiting(stack: 
         stack.client.decide(run.run_id, "edit", "resume", actor="ed", value="v" * TWO_MB)
     assert stack.client.inspect(run.run_id).tasks["edit"].status == "paused"
     assert _largest_field(stack, run.run_id) < 20_000
-    stack.client.decide(run.run_id, "edit", "resume", actor="ed", value="short title")
+    # an actor and a reason are recorded in the gate event: cut, not refused
+    stack.client.decide(run.run_id, "edit", "resume", actor="e" * 100_000, reason="r" * 100_000, value="short title")
     result = run.wait(timeout=30)
     assert (result.status, result.values["use"]) == ("done", len("short title"))
+    gate = [event for event in stack.client.events(run.run_id) if event.type == "gate"]
+    assert len(gate) == 1 and len(gate[0].data["actor"]) < 300 and len(gate[0].data["reason"]) < 600
+    assert _largest_field(stack, run.run_id) < 20_000
 
 
 def test_a_recorded_error_message_is_cut(stack: Stack) -> None:
