@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +46,9 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
         if not supervise:
             raise click.UsageError("--metrics-port needs the supervisor (it sums the metrics of the worker's "
                                    "processes); drop --no-supervise")
-        _metrics_dir()  # before anything imports prometheus-client: every process writes to one directory
+        # before anything imports prometheus-client: every process writes to one directory, removed
+        # when the supervisor exits
+        atexit.register(shutil.rmtree, _metrics_dir(), True)
     if imports:
         os.environ["TASKLOOP_IMPORTS"] = ",".join([*imports, *config.settings().imports])
         config.reset()

@@ -143,3 +143,23 @@ def test_the_metrics_port_binds_to_localhost_by_default(fleet) -> None:
     listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
     assert f"127.0.0.1:{port} " in listening and f"0.0.0.0:{port} " not in listening
     time.sleep(0)
+
+
+def test_the_metrics_directory_is_removed_when_the_worker_stops(tmp_path: Path) -> None:
+    """The supervisor's prometheus-client directory (one file per pool process and metric kind) is
+    its own: a worker stopped with SIGTERM leaves nothing behind in the temporary directory."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis") as server:
+        log = tmp_path / "worker.log"
+        worker = spawn_worker(server.url, ["tests.integration.flows"], concurrency=1, name="d@%h", loglevel="INFO",
+                              logfile=str(log), extra_env={"PYTHONPATH": str(REPO), "TMPDIR": str(temp)},
+                              extra_args=["--metrics-port", str(free_port())])
+        try:
+            wait_until_ready(worker, log)
+            assert [p.name for p in temp.iterdir() if p.name.startswith("taskloop-metrics-")], "no metrics directory"
+        finally:
+            worker.terminate()
+            assert worker.wait(30) == 0
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("taskloop-metrics-")]
