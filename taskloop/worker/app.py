@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from taskloop.app import make_app
-from taskloop.worker import kombu_fix, pool_fix
-from taskloop.worker.tasks import register
+from taskloop.worker import kombu_clients, kombu_fix, light_failures, pool_fix
+from taskloop.worker.tasks import PhaseFailed, Refused, register
 
 kombu_fix.install()  # a worker must survive Redis restarts (see kombu_fix.py)
 pool_fix.install()  # ... and reconnects after pool processes died together (see pool_fix.py)
+kombu_clients.install()  # one redis client per channel, not one per message (see kombu_clients.py)
+light_failures.install(PhaseFailed, Refused)  # no frames for failures taskloop raises on purpose
 app = make_app()
 register(app)
 celery = app
