@@ -19,6 +19,11 @@ from celery import Celery
 MAX_ROUNDS = 3
 ACCEPT_ROUND = 3
 
+if os.environ.get("BENCH_BASELINE_KOMBU_CLIENTS") == "1":  # bench.run --baseline-kombu-clients: not Celery's defaults
+    from taskloop.worker import kombu_clients
+
+    kombu_clients.install()
+
 app = Celery("bench", broker=os.environ.get("TASKLOOP_REDIS_URL", "redis://127.0.0.1:6379/0"))
 app.conf.update(
     task_serializer="json",

@@ -1,9 +1,10 @@
 """taskloop against a hand-rolled Celery loop, in one invocation, on one redis-server.
 
-    python -m bench.run                       # every section below (about 40 minutes on 2 cores)
-    python -m bench.run --quick               # smaller sizes, one repeat (about 8 minutes)
+    python -m bench.run                       # every section below (about 10 minutes on 2 cores)
+    python -m bench.run --quick               # smaller sizes, one repeat (about 4 minutes)
     python -m bench.run --only loops,sizes    # some sections: loops, events, workers, sizes, cancel
     python -m bench.run --json out.json       # also keep the raw figures
+    python -m bench.run --only loops --baseline-kombu-clients   # the baseline with taskloop's kombu fix too
 
 Both systems run with Celery's own defaults (prefetch 4, fair scheduling, task events off),
 JSON, ``acks_late``, one worker with 2 pool processes unless a section says otherwise, on the
@@ -390,12 +391,14 @@ def section_cancel(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, An
 def run(args: argparse.Namespace) -> dict[str, Any]:
     server = RedisServer().start()
     logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO),
+           "BENCH_BASELINE_KOMBU_CLIENTS": "1" if args.baseline_kombu_clients else "0"}
     env.pop("TASKLOOP_BROKER_URL", None)
     os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
     baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
     systems: list[System] = [baseline, tl]
-    results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats}
+    results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats,
+                               "baseline_kombu_clients": args.baseline_kombu_clients}
     try:
         for section in args.only:
             print(f"[{section}]", flush=True)
@@ -483,6 +486,9 @@ def main() -> None:
                         help=f"comma-separated sections, from {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--baseline-kombu-clients", action="store_true",
+                        help="give the baseline taskloop's kombu client reuse too (taskloop/worker/kombu_clients.py): "
+                             "not Celery's defaults any more, it isolates taskloop's own cost")
     args = parser.parse_args()
     unknown = set(args.only) - set(SECTIONS)
     if unknown:
