@@ -100,6 +100,9 @@ class Cluster:
         self.redis = RedisServer(tmp / "redis")
         (tmp / "redis").mkdir(exist_ok=True)
         self.workers: dict[str, Any] = {}
+        self.celery_pids: dict[str, int] = {}  # each worker's Celery process when it became ready
+        self.concurrency: dict[str, int] = {}
+        self.killed: set[str] = set()  # workers a test killed on purpose (the fleet check skips them)
         self.client: TaskLoop | None = None
         self.probe: redis.Redis | None = None
 
@@ -121,6 +124,12 @@ class Cluster:
                             loglevel="INFO", logfile=str(logfile), extra_env=self.env)
         self.workers[name] = proc
         wait_until_ready(proc, logfile, 30)
+        deadline = time.monotonic() + 30  # a restarted name's log already says "ready": wait for its Celery too
+        while not [pid for pid in children_of(proc.pid) if alive(pid)]:
+            assert proc.poll() is None and time.monotonic() < deadline, f"worker {name} did not start"
+            time.sleep(0.05)
+        self.celery_pids[name] = self.celery_pid(name)
+        self.concurrency[name] = concurrency
 
     def celery_pid(self, name: str) -> int:
         """The Celery worker process of ``taskloop worker`` ``name`` (its supervisor's child)."""
@@ -147,6 +156,28 @@ class Cluster:
         if self.client is not None:
             self.client.close()
         self.redis.stop()
+
+    def assert_fleet_whole(self, timeout: float = 15.0) -> None:
+        """Every worker a test did not kill on purpose is still the same Celery process (not
+        restarted by its supervisor, no unrecoverable error), has its whole pool back (Celery
+        replaces a killed pool process), and consumes: a final batch of runs ends done."""
+        assert self.client is not None
+        for name, proc in self.workers.items():
+            if name in self.killed:
+                continue
+            pid = self.celery_pids[name]
+            assert proc.poll() is None, f"the supervisor of worker {name} exited ({proc.returncode})"
+            assert alive(pid) and self.celery_pid(name) == pid, f"worker {name}'s Celery process {pid} died"
+            log = self.log(name)
+            for sign in ("Unrecoverable error", "exited unexpectedly"):
+                assert sign not in log, f"worker {name}: {sign}\n{log[-3000:]}"
+            deadline = time.monotonic() + timeout
+            while len([p for p in children_of(pid) if alive(p)]) < self.concurrency[name]:
+                assert time.monotonic() < deadline, f"worker {name} did not get its pool back"
+                time.sleep(0.1)
+        after = self.start_runs(2 * len(self.workers), hold_s=0.05)
+        self.wait_all(after, timeout=60)
+        assert {self.client.status(run_id) for run_id in after} == {"done"}, "the fleet stopped consuming"
 
     # running --------------------------------------------------------------------------------
     def start_runs(self, n: int, **input: Any) -> list[str]:

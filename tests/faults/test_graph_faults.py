@@ -45,6 +45,7 @@ def test_a_worker_killed_in_iteration_4_resumes_at_iteration_4(cluster: Cluster)
     qualities = [b["quality"] for b in recorded(cluster.probe, run.run_id, "bodies")]
     assert qualities[3] == qualities[4] == 90  # the replay started from iteration 3's state
     assert_balanced(cluster.client.events(run.run_id))
+    cluster.assert_fleet_whole()  # the same workers, their pools whole again, still consuming
 
 
 def test_a_sigkill_mid_graph_loses_nothing(cluster: Cluster) -> None:
@@ -62,3 +63,4 @@ def test_a_sigkill_mid_graph_loses_nothing(cluster: Cluster) -> None:
     events = cluster.client.events(run.run_id)
     assert len([e for e in events if e.type == "transition"]) == 2  # each outcome applied once
     assert_balanced(events)
+    cluster.assert_fleet_whole()

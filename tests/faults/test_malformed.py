@@ -84,3 +84,4 @@ def test_malformed_messages_are_refused_and_workers_keep_consuming(cluster: Clus
     assert "Can't decode message body" in log or "DecodeError" in log
     assert "ContentDisallowed" in log or "untrusted content" in log
     RESULTS.append(Outcome("malformed messages (JSON, unknown task, args, pickle)", None, 2, len(messages)))
+    cluster.assert_fleet_whole()  # no message stopped the worker or its pool

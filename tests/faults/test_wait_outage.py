@@ -56,3 +56,4 @@ def test_a_redis_restart_during_wait_does_not_fail_the_wait(cluster: Cluster, ob
     if observed:  # the wait kept its place in the event stream: no event twice, none missing
         phases = [s for s in seen if s.startswith("phase:")]
         assert len(phases) == len(set(phases)) and "phase:3:complete" in phases
+    cluster.assert_fleet_whole()  # the worker rode out the restart too
