@@ -389,6 +389,8 @@ def _topological_order(name: str, tasks: dict[str, Task]) -> tuple[str, ...]:
                 continue
             if state.get(dep) == 1:
                 cycle = [*path[path.index(dep):], dep]
+                if len(cycle) > 12:  # a long cycle: its ends, and how many tasks between them
+                    cycle = [*cycle[:6], f"... ({len(cycle) - 11} more) ...", *cycle[-5:]]
                 raise DefinitionError(
                     f"workflow {name} has a dependency cycle: {' -> '.join(cycle)}; "
                     "remove one of these after= links"

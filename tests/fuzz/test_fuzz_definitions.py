@@ -405,9 +405,11 @@ def _run(ctx: Any) -> int:
 
 
 def _cycle_is_real(message: str, graph: dict[str, list[str]]) -> bool:
-    """``... a dependency cycle: a -> b -> a; ...``: every link is an after-edge of the graph."""
+    """``... a dependency cycle: a -> b -> a; ...``: every link is an after-edge of the graph (a long
+    cycle is shown by its ends, around ``... (N more) ...``)."""
     chain = message.split("dependency cycle: ", 1)[1].split(";", 1)[0].split(" -> ")
-    return chain[0] == chain[-1] and all(b in graph.get(a, []) for a, b in itertools.pairwise(chain))
+    return chain[0] == chain[-1] and all(b in graph.get(a, []) for a, b in itertools.pairwise(chain)
+                                         if not a.startswith("... (") and not b.startswith("... ("))
 
 
 @given(

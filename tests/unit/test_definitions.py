@@ -619,3 +619,20 @@ def test_callbacks_with_defaults_varargs_and_async_are_accepted() -> None:
 
     assert tl.define_loop_task("fine", max_rounds=2, attempt=attempt, check=check).is_loop
     assert tl.define_task("fine", run=print).run is print  # a builtin that cannot be inspected
+
+
+def test_a_chain_of_5000_tasks_defines_and_a_long_cycle_is_named() -> None:
+    """Topological order and cycle checks are iterative: a chain of 1,200 tasks used to raise
+    RecursionError at definition time."""
+    def chain(n: int, close: bool) -> list[Any]:
+        first = tl.define_task("c0", run=lambda ctx: 1, after=[f"c{n - 1}"] if close else [])
+        return [first, *(tl.define_task(f"c{i}", run=lambda ctx: 1, after=[f"c{i - 1}"]) for i in range(1, n))]
+
+    workflow = tl.define_workflow("chain-5000", version="test", tasks=chain(5000, close=False))
+    assert len(workflow.tasks) == 5000
+    with pytest.raises(DefinitionError) as info:
+        tl.define_workflow("cycle-5000", version="test", tasks=chain(5000, close=True))
+    # the message names the cycle's ends and stays short
+    assert "dependency cycle: c0 -> c4999 -> c4998 -> c4997 -> c4996 -> c4995 -> ... (4990 more) ... -> c4 -> " \
+           "c3 -> c2 -> c1 -> c0; remove one of these after= links" in str(info.value)
+    assert len(str(info.value)) < 300
