@@ -385,7 +385,7 @@ class TaskLoop:
         """Cancel a run: one small write sets its control flag. Running phases see ctx.signal,
         nothing new starts, queued phases end cancelled as their messages arrive, and the run ends
         ``cancelled`` (termination ``aborted``) once nothing runs."""
-        if not isinstance(reason, str) or not reason or text_problem(reason):
+        if not is_text(reason):
             raise InvalidInput(f"cancel: reason must be a non-empty string, got {shown(reason)}")
         k.check_run_id(run_id)
         reason = reason[:500]

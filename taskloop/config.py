@@ -110,7 +110,7 @@ class Settings:
     max_gate_value_bytes: int = field(default_factory=lambda: _int(limits.GATE_VALUE_ENV, limits.DEFAULT_BYTES))
     max_receipt_bytes: int = field(default_factory=lambda: _int(limits.RECEIPT_ENV, limits.DEFAULT_RECEIPT_BYTES))
     # How long a cache entry lives when its Cache has no max_age_ms (seconds; default 30 days).
-    cache_ttl_s: int = field(default_factory=lambda: _int("TASKLOOP_CACHE_TTL_S", 30 * 24 * 3600))
+    cache_ttl_s: int = field(default_factory=lambda: _int("TASKLOOP_CACHE_TTL_S", limits.DEFAULT_CACHE_TTL_S))
 
     def __post_init__(self) -> None:
         for name, setting in ((limits.INPUT_ENV, "max_input_bytes"), (limits.OUTPUT_ENV, "max_output_bytes"),

@@ -275,9 +275,9 @@ def define_gate(
     if isinstance(actors, str):
         raise DefinitionError(f"gate {key}: actors must be a list of names, e.g. actors=[{shown(actors)}]")
     actor_names = items_of(actors, f"gate {key}: actors must be a list of names, e.g. actors=['alice']")
-    if not all(is_text(a) for a in actor_names):
-        bad = next(a for a in actor_names if not is_text(a))
-        raise DefinitionError(f"gate {key}: actors must be non-empty strings{got(bad)} in {shown(actor_names)}")
+    bad = [a for a in actor_names if not is_text(a)]
+    if bad:
+        raise DefinitionError(f"gate {key}: actors must be non-empty strings{got(bad[0])} in {shown(actor_names)}")
     return Task(
         key=key,
         kind=TaskKind.GATE,

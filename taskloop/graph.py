@@ -270,8 +270,6 @@ def _named(end: Any) -> str:
 
 
 def _transitions(where: str, transitions: Iterable[tuple[str, str]], steps: Mapping[str, Step]) -> set[tuple[str, str]]:
-    if isinstance(transitions, (str, bytes)):
-        raise DefinitionError(f"{where}: transitions must be a list of (from, to) step pairs")
     pairs: set[tuple[str, str]] = set()
     for pair in items_of(transitions, f"{where}: transitions must be a list of (from, to) step pairs"):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):

@@ -28,6 +28,7 @@ MIB = 1_048_576
 DEFAULT_BYTES = MIB
 DEFAULT_RECEIPT_BYTES = 1024  # a receipt is an id (a request id, a hash): 1 KiB is plenty
 MESSAGE_LIMIT = 8_000  # characters of a recorded error message
+DEFAULT_CACHE_TTL_S = 30 * 24 * 3600  # TASKLOOP_CACHE_TTL_S: a cache entry without max_age_ms
 
 INPUT_ENV = "TASKLOOP_MAX_INPUT_BYTES"
 OUTPUT_ENV = "TASKLOOP_MAX_OUTPUT_BYTES"

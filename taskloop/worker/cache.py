@@ -38,14 +38,12 @@ class CacheStore(Protocol):
     def write(self, fingerprint: str, entry: dict[str, Any]) -> None: ...
 
 
-DEFAULT_TTL_S = 30 * 24 * 3600  # TASKLOOP_CACHE_TTL_S
-
-
 class RedisCacheStore:
     """The default store: one string key per fingerprint, expiring after ``max_age_ms`` when set,
     else after ``ttl_s`` (TASKLOOP_CACHE_TTL_S, 30 days): no entry lives forever."""
 
-    def __init__(self, store: RedisStore, max_age_ms: int | None = None, ttl_s: int = DEFAULT_TTL_S) -> None:
+    def __init__(self, store: RedisStore, max_age_ms: int | None = None,
+                 ttl_s: int = limits.DEFAULT_CACHE_TTL_S) -> None:
         self.store = store
         self.max_age_ms = max_age_ms
         self.ttl_ms = max_age_ms if max_age_ms is not None else ttl_s * 1000
@@ -81,7 +79,7 @@ class Lookup:
         return self.value_raw is not None
 
 
-def store_for(cache: Cache, default: RedisStore, ttl_s: int = DEFAULT_TTL_S) -> CacheStore:
+def store_for(cache: Cache, default: RedisStore, ttl_s: int = limits.DEFAULT_CACHE_TTL_S) -> CacheStore:
     return cache.store if cache.store is not None else RedisCacheStore(default, cache.max_age_ms, ttl_s)
 
 

@@ -87,6 +87,13 @@ class _Execution:
         pipe.execute()
 
 
+def _ran(ctx: tl.TaskContext) -> None:
+    """One logged execution of a plain task that works, then returns."""
+    run = _Execution(ctx, 1, "run")
+    run.hold(ctx)
+    run.end("ok")
+
+
 def _raises(ctx: tl.LoopContext, phase: str) -> bool:
     data: dict[str, Any] = ctx.input
     return bool(data.get("mode") == "raise" and data.get("raise_round") == ctx.round
@@ -119,9 +126,7 @@ def check(ctx: tl.LoopContext, candidate: dict[str, Any]) -> tl.LoopCheck:
 
 
 def report(ctx: tl.TaskContext) -> str:
-    run = _Execution(ctx, 1, "run")
-    run.hold(ctx)
-    run.end("ok")
+    _ran(ctx)
     return f"accepted in round {ctx.value('work')['round']}"
 
 
@@ -154,16 +159,12 @@ retry_flow = tl.define_workflow("soak-retry", version="1", tasks=[
 
 
 def draft(ctx: tl.TaskContext) -> str:
-    run = _Execution(ctx, 1, "run")
-    run.hold(ctx)
-    run.end("ok")
+    _ran(ctx)
     return "draft"
 
 
 def publish(ctx: tl.TaskContext) -> str:
-    run = _Execution(ctx, 1, "run")
-    run.hold(ctx)
-    run.end("ok")
+    _ran(ctx)
     return f"published {ctx.value('draft')}"
 
 
