@@ -8,24 +8,25 @@ every client and worker at it through TASKLOOP_REDIS_URL.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from taskloop import config
-from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
+from taskloop.base import config
+from taskloop.ops.embedded import RedisServer
+from tests.workers import WorkerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 FLOW_MODULES = ("tests.integration.flows", "tests.integration.control_flows", "tests.integration.graph_flows",
-                "examples.workflows")
+                "examples.workflows", "tests.ui.ui_flows", "tests.integration.score_flows",
+                "tests.integration.fork_flows", "taskloop.examples.demo", "tests.integration.limit_flows")
 
 
 def _redis_available() -> bool:
     try:
-        from taskloop.embedded import find_redis_server
+        from taskloop.ops.embedded import find_redis_server
 
         find_redis_server()
         return True
@@ -58,33 +59,28 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 class Workers:
-    """A set of `taskloop worker` processes started for the tests."""
+    """A set of `taskloop worker` processes started for the tests (tests/workers.py)."""
 
     def __init__(self, url: str, logdir: Path) -> None:
         self.url = url
         self.logdir = logdir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, WorkerProcess] = {}
 
     def start(self, name: str, concurrency: int = 2, imports: tuple[str, ...] = FLOW_MODULES,
               env: dict[str, str] | None = None, timeout: float = 30.0, queues: str | None = None) -> None:
-        logfile = self.logdir / f"{name}.log"
-        extra = {"PYTHONPATH": str(REPO), **(env or {})}
-        proc = spawn_worker(self.url, list(imports), concurrency=concurrency, name=f"{name}@%h",
-                            loglevel="INFO", logfile=str(logfile), extra_env=extra, queues=queues)
-        self.procs[name] = proc
-        wait_until_ready(proc, logfile, timeout)
+        worker = WorkerProcess(self.url, imports, self.logdir / f"{name}.log", name=name, concurrency=concurrency,
+                               env=env, queues=queues)
+        self.procs[name] = worker
+        worker.ready(timeout)
 
     def log(self, name: str) -> str:
-        return (self.logdir / f"{name}.log").read_text()
+        return self.procs[name].log()
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for worker in self.procs.values():
+            worker.terminate()
+        for worker in self.procs.values():
+            worker.stop()
         self.procs.clear()
 
 
@@ -102,7 +98,7 @@ def workers(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture()
 def client(redis_server: RedisServer):  # type: ignore[no-untyped-def]
-    from taskloop.client import TaskLoop
+    from taskloop.runtime.client import TaskLoop
 
     c = TaskLoop(redis_server.url)
     yield c

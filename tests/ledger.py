@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from taskloop.events import Event
+from taskloop.core.events import Event
 
 TERMINAL = {"done", "failed", "skipped", "cancelled", "rejected"}
 

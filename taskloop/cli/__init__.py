@@ -1,4 +1,5 @@
-"""The ``taskloop`` command line: runs (runs.py), the fleet (fleet.py), what they show (display.py)."""
+"""The ``taskloop`` command line: runs (runs.py), the fleet (fleet.py), the UI (ui.py), what they show
+(display.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import click
 
-from taskloop.cli import fleet, runs
+from taskloop.cli import fleet, limits, runs, ui
 from taskloop.cli.common import clear_errors
 
 
@@ -31,9 +32,10 @@ def cli() -> None:
     """Durable, bounded loop tasks and workflows on Celery + Redis."""
 
 
-for command in (runs.start, runs.inspect, runs.runs, runs.events, runs.cancel, runs.decide, runs.resume, runs.graph,
+for command in (runs.start, runs.inspect, runs.runs, runs.events, runs.cancel, runs.decide, runs.resume, runs.fork,
+                runs.graph,
                 fleet.worker, fleet.reconcile_command, fleet.status, fleet.metrics_command, fleet.demo,
-                fleet.completion):
+                fleet.completion, limits.limits, ui.ui):
     cli.add_command(command)
 
 

@@ -4,6 +4,7 @@ prefix, and turning errors into one clear line."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -14,15 +15,15 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
-import redis
 from rich.console import Console
 
-from taskloop import config
-from taskloop.errors import TaskLoopError
-from taskloop.jsonvalue import shown, utf8_safe
+from taskloop.base import config
+from taskloop.base.errors import TaskLoopError
+from taskloop.base.text import shown, visible
+from taskloop.worker.supervisor import cannot_import
 
 if TYPE_CHECKING:
-    from taskloop.client import TaskLoop
+    from taskloop.runtime.client import TaskLoop
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -60,7 +61,10 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic in click >=
         return number
 
 
-def import_modules(modules: tuple[str, ...]) -> None:
+def import_modules(modules: tuple[str, ...], find_only: bool = False) -> None:
+    """Import the workflow modules (``modules`` and TASKLOOP_IMPORTS), or with ``find_only`` only
+    check that each can be found (the supervisor of ``taskloop worker``: its Celery worker imports
+    them, and says so and exits with EXIT_BAD_IMPORT when one fails)."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     for name in [*modules, *config.settings().imports]:
@@ -68,17 +72,18 @@ def import_modules(modules: tuple[str, ...]) -> None:
             raise click.BadParameter(f"{shown(name)} is not a module name (e.g. myapp.workflows)",
                                      param_hint="'--import' / TASKLOOP_IMPORTS")
         try:
-            importlib.import_module(name)
+            if not find_only:
+                importlib.import_module(name)
+            elif importlib.util.find_spec(name) is None:
+                raise ModuleNotFoundError(f"No module named {name!r}")
         except ImportError as exc:
-            raise click.ClickException(
-                f"cannot import workflow module {name!r}: {exc}; run from the directory that contains "
-                "it or add that directory to PYTHONPATH"
-            ) from exc
+            raise click.ClickException(cannot_import(name, exc)) from exc
+
 
 
 def make_client() -> TaskLoop:
     """The command's client, closed when the command ends (its producer goes back to the pool)."""
-    from taskloop.client import TaskLoop
+    from taskloop.runtime.client import TaskLoop
 
     client = TaskLoop()
     context = click.get_current_context(silent=True)
@@ -106,13 +111,6 @@ def resolve(client: TaskLoop, run_id: str) -> str:
     return client.find(run_id)
 
 
-def one_line(text: str) -> str:
-    """An error message for the terminal: line breaks and other control characters escaped, lone
-    surrogates too (the terminal's encoding could not print them)."""
-    escaped = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
-    return utf8_safe(escaped)
-
-
 @contextmanager
 def clear_errors() -> Iterator[None]:
     """taskloop's errors and Redis failures as one line on stderr, never a traceback. Anything else
@@ -122,24 +120,30 @@ def clear_errors() -> Iterator[None]:
     except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
         raise
     except TaskLoopError as exc:
-        raise click.ClickException(one_line(f"{type(exc).__name__}: {exc}")) from exc
-    except redis.exceptions.ResponseError as exc:
-        raise click.ClickException(one_line(
+        raise click.ClickException(visible(f"{type(exc).__name__}: {exc}")) from exc
+    except Exception as exc:
+        _redis_or_unexpected(exc)
+
+
+def _redis_or_unexpected(exc: Exception) -> None:
+    """A Redis failure as one line (redis-py is looked up, not imported: a command that never
+    loaded it, such as the supervisor of ``taskloop worker``, cannot have met one); else a bug."""
+    errors = getattr(sys.modules.get("redis"), "exceptions", None)
+    if errors is not None and isinstance(exc, errors.ResponseError):
+        raise click.ClickException(visible(
             f"Redis refused a command ({exc}); check that TASKLOOP_REDIS_URL points at a Redis server (6.2 or "
             "newer) and that its user may run taskloop's commands")) from exc
-    except (redis.exceptions.RedisError, ValueError) as exc:
-        if isinstance(exc, ValueError) and "redis" not in str(exc).lower() and "url" not in str(exc).lower():
-            _unexpected(exc)
-        raise click.ClickException(one_line(
+    if (errors is not None and isinstance(exc, errors.RedisError)) or \
+            (isinstance(exc, ValueError) and ("redis" in str(exc).lower() or "url" in str(exc).lower())):
+        raise click.ClickException(visible(
             f"TASKLOOP_REDIS_URL does not lead to a Redis server ({type(exc).__name__}: {exc}); use a URL such as "
             "redis://127.0.0.1:6379/0")) from exc
-    except Exception as exc:
-        _unexpected(exc)
+    _unexpected(exc)
 
 
 def _unexpected(exc: Exception) -> None:
     if os.environ.get("TASKLOOP_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         raise exc
-    raise click.ClickException(one_line(
+    raise click.ClickException(visible(
         f"unexpected {type(exc).__name__}: {shown(str(exc), 500)[1:-1]} (this is a bug in taskloop or in a "
         "workflow module: run again with TASKLOOP_DEBUG=1 to see the traceback)")) from exc

@@ -1,10 +1,15 @@
 """What the command line shows: the live progress of a run, a run's full record, events with
-human timestamps, and results."""
+human timestamps, and results.
+
+Every stored string (feedback, outputs, inputs, reasons, versions, error messages, worker names)
+is untrusted: it goes through ``taskloop.base.text.visible`` and is printed as a ``Text`` (or with
+``markup=False``), never as Rich markup. Only this module's own literals carry markup."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,9 +18,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taskloop import events as ev
-from taskloop.events import Event
-from taskloop.models import RunResult, RunView, TaskView
+from taskloop.base.text import cut, preview, visible
+from taskloop.core import events as ev
+from taskloop.core.events import Event
+from taskloop.runtime.models import RunResult, RunView, TaskView
 
 STATUS_STYLE = {"done": "green", "failed": "red", "rejected": "red", "cancelled": "yellow", "skipped": "dim",
                 "active": "cyan", "paused": "magenta", "waiting": "dim", "running": "cyan", "pending": "dim"}
@@ -41,12 +47,25 @@ def ago(at: float, now: float) -> str:
 
 
 def short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A JSON value on one visible line of at most about ``limit`` characters."""
+    return visible(preview(value, limit))
+
+
+def plain(*parts: str | Text, style: str = "") -> Text:
+    """A line made of this module's words and stored text: nothing in it is read as markup."""
+    line = Text(style=style)
+    for part in parts:
+        line.append(part if isinstance(part, Text) else Text(part))
+    return line
 
 
 def describe(event: Event) -> str:
-    """One event in words (without its time)."""
+    """One event in words (without its time), on one visible line: the stored text in it
+    (feedback, messages, reasons, keys) is escaped."""
+    return visible(_describe(event))
+
+
+def _describe(event: Event) -> str:
     data = event.data or {}
     if event.type == ev.PHASE and event.phase == "complete":
         verdict = "accepted" if data.get("done") else f"rejected: {data.get('feedback')}"
@@ -70,9 +89,12 @@ def describe(event: Event) -> str:
 
 
 def event_line(event: Event, since: float | None) -> str:
+    """One event on one line (for ``taskloop events``; plain text, no markup)."""
     exec_info = (event.data or {}).get("exec")
-    ran = f"  [{exec_info.get('worker')}, {exec_info.get('took', 0):.3f}s]" if exec_info and "took" in exec_info else ""
-    return f"{iso(event.at)} {relative(event.at, since):>10}  {event.type:<14} {describe(event)}{ran}"
+    ran = ""
+    if exec_info and "took" in exec_info:
+        ran = f"  [{visible(str(exec_info.get('worker')))}, {float(exec_info.get('took') or 0):.3f}s]"
+    return f"{iso(event.at)} {relative(event.at, since):>10}  {visible(event.type):<14} {describe(event)}{ran}"
 
 
 @dataclass
@@ -124,11 +146,11 @@ class Progress:
                     line.verdict = f"{data.get('error')}: {data['message']}"
             line.last = describe(event)
         if self.live is None:
-            self.console.print(f"  {relative(event.at, self.started):>10}  {describe(event)}")
+            self.console.print(plain(f"  {relative(event.at, self.started):>10}  {describe(event)}"))
             return
         if _worth_a_line(event) and self.printed < self.MAX_LINES:
             self.printed += 1
-            self.live.console.print(f"  {relative(event.at, self.started):>10}  {describe(event)}")
+            self.live.console.print(plain(f"  {relative(event.at, self.started):>10}  {describe(event)}"))
         self.live.update(self.render())
 
     def notice(self, message: str) -> None:
@@ -136,20 +158,20 @@ class Progress:
         if self.live is not None:
             self.live.update(self.render())
         else:
-            self.console.print(f"  ! {message}")
+            self.console.print(plain(f"  ! {visible(message)}"))
 
     def render(self) -> Group:
-        table = Table("task", "status", "round", "phase", "last check / error", title=f"run {self.run_id}",
+        table = Table("task", "status", "round", "phase", "last check / error", title=plain(f"run {self.run_id}"),
                       title_justify="left")
         lines = sorted(self.tasks.values(), key=lambda t: (t.status != "active", t.status == "waiting"))
         for line in lines[: self.MAX_ROWS]:
             style = STATUS_STYLE.get(line.status, "")
-            table.add_row(line.key, Text(line.status, style=style), str(line.round or ""), line.phase or "",
-                          Text(line.verdict, overflow="fold"))
+            table.add_row(plain(visible(line.key)), plain(visible(line.status), style=style), str(line.round or ""),
+                          plain(visible(line.phase or "")), Text(visible(line.verdict), overflow="fold"))
         if len(lines) > self.MAX_ROWS:
             table.add_row(f"... {len(lines) - self.MAX_ROWS} more", "", "", "", "")
         parts: list[Any] = [table]
-        parts += [Text(f"! {message}", style="yellow") for message in self.notices[-3:]]
+        parts += [Text(f"! {visible(message)}", style="yellow") for message in self.notices[-3:]]
         return Group(*parts)
 
 
@@ -162,45 +184,57 @@ def _worth_a_line(event: Event) -> bool:
 
 def print_result(console: Console, result: RunResult) -> None:
     style = STATUS_STYLE.get(result.status, "")
-    term = f" (termination {result.termination_code})" if result.termination_code else ""
-    console.print(f"status [{style}]{result.status}[/]{term}")
+    term = f" (termination {visible(result.termination_code)})" if result.termination_code else ""
+    console.print(plain("status ", Text(visible(result.status), style=style), term))
     for key, value in result.values.items():
-        console.print(f"  {key} = {short(value, 200)}")
+        console.print(plain(f"  {visible(key)} = {short(value, 200)}"))
     for error in result.errors:
         where = f"{error.key}: " if error.key else ""
-        console.print(f"  [red]{where}{error.type}: {error.message}[/]")
+        console.print(plain(f"  {visible(cut(f'{where}{error.type}: {error.message}', 2000))}", style="red"))
         feedback = (error.details or {}).get("feedback")
         if feedback:
-            console.print(f"    last feedback: {feedback}")
-    console.print(f"usage {json.dumps(result.usage)}")
+            console.print(plain(f"    last feedback: {visible(cut(str(feedback), 2000))}"))
+    console.print(plain(f"usage {visible(json.dumps(result.usage))}"))
 
 
 def render_run(console: Console, view: RunView) -> None:
     style = STATUS_STYLE.get(view.status, "")
-    term = f", termination {view.termination_code}" if view.termination_code else ""
-    console.print(f"run [bold]{view.run_id}[/] {view.workflow} v{view.version}: [{style}]{view.status}[/]{term}")
+    term = f", termination {visible(view.termination_code)}" if view.termination_code else ""
+    console.print(plain("run ", Text(visible(view.run_id), style="bold"),
+                        f" {visible(view.workflow)} v{visible(view.version)}: ",
+                        Text(visible(view.status), style=style), term))
     took = f", took {view.finished_at - view.created_at:.3f}s" if view.finished_at else ""
-    console.print(f"created {iso(view.created_at)}{took}")
+    console.print(plain(f"created {iso(view.created_at)}{took}"))
+    if view.forked_from:
+        origin = view.forked_from
+        console.print(plain(f"forked from run {visible(str(origin.get('run_id')))} at "
+                            f"{visible(str(origin.get('task')))} round {origin.get('round')}"))
     if view.control:
         kind, _, reason = view.control.partition(":")
-        console.print(f"[yellow]{'cancel requested' if kind == 'cancel' else 'stopped'}: {reason}[/]")
+        what = "cancel requested" if kind == "cancel" else "stopped"
+        console.print(plain(f"{what}: {visible(reason)}", style="yellow"))
     if view.error is not None:
-        console.print(f"[red]{view.error.type}: {view.error.message}[/]")
-    console.print(f"input {short(view.input, 200)}  usage {json.dumps(view.usage)}")
+        console.print(plain(visible(cut(f"{view.error.type}: {view.error.message}", 2000)), style="red"))
+    console.print(plain(f"input {short(view.input, 200)}  usage {visible(json.dumps(view.usage))}"))
     graph = any(task.step is not None for task in view.tasks.values())
     if graph:
-        console.print(f"state {json.dumps(view.state, ensure_ascii=False)}", markup=False)
+        console.print(plain(f"state {short(view.state, 2000)}"))
     table = Table("action" if graph else "task", "kind", "status", "round", "attempts", "took", "value / error")
     if graph:
         table.add_column("activation input")
     for task in view.tasks.values():
-        detail = f"{task.error.type}: {task.error.message}" if task.error else short(task.value)
+        detail = visible(cut(f"{task.error.type}: {task.error.message}", 500)) if task.error else short(task.value)
         if task.reason and task.status in ("skipped", "cancelled"):
-            detail = f"({task.reason})"
+            detail = f"({visible(task.reason)})"
+        if task.throttled is not None:
+            held = task.throttled
+            value = f" [{visible(held.value)}]" if held.value else ""
+            detail = f"throttled by {visible(held.limit)}{value} for {max(time.time() - held.since, 0.0):.1f}s"
         duration = f"{task.finished_at - task.started_at:.3f}s" if task.finished_at and task.started_at else ""
-        status = Text(task.status, style=STATUS_STYLE.get(task.status, ""))
-        row: list[str | Text] = [task.key, task.kind, status, str(task.round), str(task.attempts), duration,
-                                 Text(detail, overflow="fold")]
+        status = Text(visible(task.status) + (" (copied)" if task.copied else ""),
+                      style=STATUS_STYLE.get(task.status, ""))
+        row: list[str | Text] = [plain(visible(task.key)), plain(visible(task.kind)), status, str(task.round),
+                                 str(task.attempts), duration, Text(detail, overflow="fold")]
         table.add_row(*row, *([Text(short(task.activation), overflow="fold")] if graph else []))
     console.print(table)
     for task in view.tasks.values():
@@ -211,23 +245,30 @@ def render_run(console: Console, view: RunView) -> None:
 def _render_rounds(console: Console, task: TaskView) -> None:
     if task.rounds:
         rounds = Table("round", "phase", "output", "check", "worker", "attempt s", "check s",
-                       title=f"{task.key}: rounds", title_justify="left")
+                       title=plain(f"{visible(task.key)}: rounds"), title_justify="left")
         for r in task.rounds:
             runs = {e.phase: e for e in r.execs if not e.lost}
             verdict = ""
             if r.check is not None:
-                verdict = "accepted" if r.check.get("done") else f"rejected: {r.check.get('feedback')}"
+                verdict = "accepted" if r.check.get("done") else f"rejected: {cut(str(r.check.get('feedback')), 500)}"
+                if r.check.get("score") is not None:
+                    verdict += f" (score {r.check['score']:g})"
+            if r.copied:
+                verdict = f"{verdict} [copied]".strip()
+            if r.feedback_given is not None:
+                verdict = f"{verdict} [fed: {cut(r.feedback_given, 200)}]".strip()
             workers = sorted({e.worker for e in r.execs if e.worker})
             lost = sum(1 for e in r.execs if e.lost)
             table_workers = ", ".join(workers) + (f" ({lost} lost)" if lost else "")
-            rounds.add_row(str(r.round), r.phase, Text(short(r.output), overflow="fold"),
-                           Text(verdict, overflow="fold"), table_workers, _took(runs.get("attempt")),
-                           _took(runs.get("check")))
+            rounds.add_row(str(r.round), plain(visible(r.phase)), Text(short(r.output), overflow="fold"),
+                           Text(visible(verdict), overflow="fold"), plain(visible(table_workers)),
+                           _took(runs.get("attempt")), _took(runs.get("check")))
         console.print(rounds)
     elif task.execs:
-        tries = Table("try", "worker", "took", "lost", title=f"{task.key}: executions", title_justify="left")
+        tries = Table("try", "worker", "took", "lost", title=plain(f"{visible(task.key)}: executions"),
+                      title_justify="left")
         for e in task.execs:
-            tries.add_row(str(e.round), e.worker or "", _took(e), "yes" if e.lost else "")
+            tries.add_row(str(e.round), plain(visible(e.worker or "")), _took(e), "yes" if e.lost else "")
         console.print(tries)
 
 
@@ -240,10 +281,10 @@ def _render_error(console: Console, task: TaskView) -> None:
         return
     details = task.error.details or {}
     if details.get("feedback") is not None:
-        console.print(f"{task.key}: last feedback: {details['feedback']}")
+        console.print(plain(f"{visible(task.key)}: last feedback: {visible(cut(str(details['feedback']), 2000))}"))
     trace = details.get("traceback")
     if trace:
-        lines = trace.rstrip().splitlines()[-TRACEBACK_LINES:]
-        console.print(f"{task.key}: traceback (last {len(lines)} lines):", style="red")
+        lines = str(trace).rstrip().splitlines()[-TRACEBACK_LINES:]
+        console.print(plain(f"{visible(task.key)}: traceback (last {len(lines)} lines):", style="red"))
         for line in lines:
-            console.print(f"  {line}", markup=False)
+            console.print(plain(f"  {visible(line)}"))

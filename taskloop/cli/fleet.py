@@ -15,10 +15,11 @@ import time
 
 import click
 
-from taskloop import clock, config
+from taskloop.base import config
+from taskloop.base.errors import TaskLoopError
+from taskloop.base.text import visible
 from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, Seconds, console, import_modules
-from taskloop.cli.display import print_result, render_run
-from taskloop.errors import TaskLoopError
+from taskloop.cli.display import plain, print_result, render_run
 
 
 @click.command()
@@ -26,7 +27,8 @@ from taskloop.errors import TaskLoopError
 @click.option("-c", "--concurrency", type=click.IntRange(1), default=None,
               help="Pool processes (default: the number of CPUs).")
 @click.option("-Q", "--queues", default=None, help="Comma-separated queues to consume (default: taskloop).")
-@click.option("-n", "--hostname", default=None, help="Worker node name, e.g. w1@%h.")
+@click.option("-n", "--hostname", default=None,
+              help="Worker node name, e.g. w1@%h (default: taskloop-<pid>@%h, unique on the host).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
 @click.option("--logfile", default=None, help="Write the log here instead of stderr.")
 @click.option("--pool", "-P", default=None, help="Celery pool: prefork (default), threads or solo.")
@@ -52,10 +54,17 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
     if imports:
         os.environ["TASKLOOP_IMPORTS"] = ",".join([*imports, *config.settings().imports])
         config.reset()
-    import_modules(())  # a wrong module name fails here, with a clear message
+    # A wrong module name fails here, with a clear message. Only found, not imported: the
+    # supervisor stays a small process (the Celery worker imports them, and a module that fails
+    # there stops the worker with the same message, not restarted: EXIT_BAD_IMPORT).
+    import_modules((), find_only=supervise)
     argv = ["--loglevel", loglevel, "--without-gossip", "--without-mingle", "-O", "fair"]
-    for flag, value in (("--concurrency", concurrency), ("-Q", queues), ("-n", hostname), ("--logfile", logfile),
-                        ("--pool", pool)):
+    if pool == "prefork":  # Celery's prefork pool, with taskloop's fix (taskloop/celery_fixes/pool.py)
+        from taskloop.celery_fixes.pool import POOL
+
+        pool = POOL
+    for flag, value in (("--concurrency", concurrency), ("-Q", queues), ("-n", hostname or default_node_name()),
+                        ("--logfile", logfile), ("--pool", pool)):
         if value:
             argv += [flag, str(value)]
     argv += ["--beat"] if beat else []
@@ -71,6 +80,14 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
     if metrics_port is not None:
         _serve_worker_metrics(metrics_host, metrics_port)
     sys.exit(exit_code(Supervisor(argv).run()))
+
+
+def default_node_name() -> str:
+    """``taskloop-<pid>@%h``: Celery's default, ``celery@%h``, is the same for every worker on a host,
+    so two of them would count as one in ``taskloop status``, Flower and the metrics (Celery warns
+    ``DuplicateNodenameWarning``). The pid is the supervisor's (or, with ``--no-supervise``, the
+    worker's own): unique on the host while it runs, and kept when the supervisor restarts Celery."""
+    return f"taskloop-{os.getpid()}@%h"
 
 
 def _metrics_dir() -> str:
@@ -101,9 +118,9 @@ def metrics_command(port: int, host: str, queues: tuple[str, ...]) -> None:
     queued, expired leases, the reconciler's last pass, runs started and finished."""
     from prometheus_client import start_http_server
 
-    from taskloop.app import make_app
-    from taskloop.metrics import fleet_registry
-    from taskloop.store import RedisStore
+    from taskloop.ops.metrics import fleet_registry
+    from taskloop.runtime.celery_app import make_app
+    from taskloop.store.redis_store import RedisStore
 
     settings = config.settings()
     app = make_app(settings)
@@ -118,55 +135,44 @@ def metrics_command(port: int, host: str, queues: tuple[str, ...]) -> None:
 
 @click.command()
 @JSON_OPTION
-@click.option("--timeout", type=Seconds(positive=True), default=2.0, show_default=True,
-              help="Seconds to wait for workers to answer.")
-def status(as_json: bool, timeout: float) -> None:
-    """The fleet at a glance: workers online with their queues and processes, queue lengths, live
-    runs by status, expired leases, and the reconciler's last pass."""
-    from taskloop.app import make_app
+def status(as_json: bool) -> None:
+    """The fleet at a glance: workers online (by their heartbeats) with their queues and
+    processes, queue lengths, live runs by status, expired leases, the reconciler's last pass,
+    and the fleet limits. Plain reads: the read-only monitor user may run it."""
     from taskloop.cli.display import ago
-    from taskloop.store import RedisStore, RunMeta
-    from taskloop.store import keys as k
+    from taskloop.runtime.celery_app import make_app
+    from taskloop.runtime.fleet import fleet_view
+    from taskloop.store.redis_store import RedisStore
 
     settings = config.settings()
-    app = make_app(settings)
-    store = RedisStore(settings.redis_url)
-    inspector = app.control.inspect(timeout=timeout)
-    stats = inspector.stats() or {}
-    consumed = inspector.active_queues() or {}
-    workers = {
-        node: {"processes": len(info.get("pool", {}).get("processes", [])), "pid": info.get("pid"),
-               "queues": sorted(q["name"] for q in consumed.get(node, []))}
-        for node, info in sorted(stats.items())}
-    queue_names = sorted({app.conf.task_default_queue, *(q for w in workers.values() for q in w["queues"])})
-    broker = RedisStore(settings.broker_url).client
-    queues = {name: int(broker.llen(name)) for name in queue_names}
-    now = clock.now()
-    view = store.fleet_view(now)
-    live_ids = store.client.zrange(k.LIVE_INDEX, 0, 9999)
-    by_status: dict[str, int] = {}
-    for run_id, row in zip(live_ids, store.run_metas(live_ids), strict=True):
-        if row[1] is not None:
-            meta = RunMeta.from_fields(run_id, dict(zip(k.META_FIELDS, row, strict=True)))
-            by_status[meta.status.value] = by_status.get(meta.status.value, 0) + 1
-    last_raw = store.last_reconcile()
-    last = json.loads(last_raw) if last_raw else None
-    found = {"workers": workers, "queues": queues, "live_runs_by_status": by_status,
-             "expired_leases": view["expired_leases"], "reconciler_last_pass": last}
+    view = fleet_view(RedisStore(settings.redis_url), RedisStore(settings.broker_url),
+                      make_app(settings).conf.task_default_queue)
     if as_json:
+        found = view.model_dump(exclude={"at", "live_runs"})
+        found["workers"] = {w.pop("node"): w for w in found["workers"]}
         click.echo(json.dumps(found, indent=2))
         return
-    console.print(f"[bold]{len(workers)} worker(s) online[/]" if workers else "[red]no worker online[/]")
-    for node, info in workers.items():
-        console.print(f"  {node}: {info['processes']} processes, queues {', '.join(info['queues']) or '-'}")
-    console.print("queues: " + ", ".join(f"{name} {length}" for name, length in queues.items()))
-    console.print("live runs: " + (", ".join(f"{n} {s}" for s, n in sorted(by_status.items())) or "none"))
-    console.print(f"expired leases: {view['expired_leases']}")
+    console.print(f"[bold]{len(view.workers)} worker(s) online[/]" if view.workers else "[red]no worker online[/]")
+    for worker in view.workers:
+        console.print(plain(f"  {visible(worker.node)}: {worker.processes} processes, {worker.active} running, queues "
+                            f"{visible(', '.join(worker.queues)) or '-'}"))
+    console.print(plain("queues: " + ", ".join(f"{visible(name)} {n}" for name, n in view.queues.items())))
+    console.print("live runs: " + (", ".join(f"{n} {s}" for s, n in sorted(view.live_runs_by_status.items()))
+                                   or "none"))
+    console.print("runs kept: " + (", ".join(f"{n} {s}" for s, n in sorted(view.runs_by_status.items())) or "none"))
+    console.print(f"expired leases: {view.expired_leases}")
+    last = view.reconciler_last_pass
     if last:
-        console.print(f"reconciler: last pass {ago(last['at'], now)} ({last['examined']} leases examined, "
+        console.print(f"reconciler: last pass {ago(last['at'], view.at)} ({last['examined']} leases examined, "
                       f"{last['redispatched']} redispatched, {last['replayed']} replayed)")
     else:
         console.print("reconciler: no pass recorded yet")
+    for info in view.limits:
+        value = f" [{visible(info.value)}]" if info.value else ""
+        allows = f"{info.allowed:g} at once" if info.kind == "concurrency" else \
+            f"{info.allowed:g} {info.unit} / {info.per_s or 0:g}s"
+        console.print(plain(f"limit {visible(info.name)}{value}: {info.used} in use of {allows}, "
+                            f"{info.waiting} throttled"))
 
 
 @click.command(name="reconcile")
@@ -174,8 +180,8 @@ def status(as_json: bool, timeout: float) -> None:
 @click.option("--every", type=Seconds(positive=True), default=None, help="Keep going: one pass every N seconds.")
 def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
-    from taskloop.app import PhaseSender, make_app
-    from taskloop.store import RedisStore
+    from taskloop.runtime.celery_app import PhaseSender, make_app
+    from taskloop.store.redis_store import RedisStore
     from taskloop.worker.reconciler import reconcile
 
     import_modules(imports)
@@ -195,14 +201,17 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
 
 @click.command()
 @click.option("--workers", type=click.IntRange(1, 16), default=2, show_default=True, help="Worker processes to start.")
-def demo(workers: int) -> None:
+@click.option("--ui", "with_ui", is_flag=True, help="Then keep the run open in the run UI (Ctrl-C ends the demo).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8188, show_default=True, help="The UI's port (--ui).")
+def demo(workers: int, with_ui: bool, port: int) -> None:
     """Run the README example end to end on a real Redis and a real worker.
 
-    Uses TASKLOOP_REDIS_URL when set; otherwise starts an embedded redis-server."""
+    Uses TASKLOOP_REDIS_URL when set; otherwise starts an embedded redis-server. With --ui, the
+    worker and the Redis stay up and the run UI serves the demo's run on 127.0.0.1 until Ctrl-C."""
     from taskloop.cli.runs import wait_with_progress
-    from taskloop.client import TaskLoop
-    from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
     from taskloop.examples.demo import demo as workflow
+    from taskloop.ops.embedded import RedisServer, spawn_worker, wait_until_ready
+    from taskloop.runtime.client import TaskLoop
 
     server = None
     url = os.environ.get("TASKLOOP_REDIS_URL")
@@ -225,6 +234,14 @@ def demo(workers: int) -> None:
         render_run(console, client.inspect(handle.run_id))
         if result.status != "done":
             sys.exit(1)
+        if with_ui:
+            from taskloop.ui.serve import serve
+
+            console.print(f"the demo's run: http://127.0.0.1:{port}/runs/{handle.run_id}  (Ctrl-C to stop)")
+            try:
+                serve(client, "127.0.0.1", port)
+            except KeyboardInterrupt:
+                pass
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)

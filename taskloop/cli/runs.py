@@ -11,7 +11,9 @@ import click
 from rich.live import Live
 from rich.table import Table
 
-from taskloop import clock
+from taskloop.base import clock
+from taskloop.base.errors import RunNotFound, StoreUnavailable
+from taskloop.base.text import terminal_json, visible
 from taskloop.cli.common import (
     IMPORT_OPTION,
     JSON_OPTION,
@@ -22,10 +24,9 @@ from taskloop.cli.common import (
     parse_json,
     resolve,
 )
-from taskloop.cli.display import Progress, ago, event_line, iso, print_result, render_run
-from taskloop.errors import RunNotFound, StoreUnavailable
-from taskloop.models import RunResult
-from taskloop.phases import RunStatus
+from taskloop.cli.display import Progress, ago, event_line, iso, plain, print_result, render_run
+from taskloop.core.phases import RunStatus
+from taskloop.runtime.models import RunResult
 
 STATUSES = [s.value for s in RunStatus]
 
@@ -83,7 +84,7 @@ def wait_with_progress(client: Any, run_id: str, timeout: float | None, quiet: b
         pass
     with ConsumerWatch(client, progress.notice, hint):
         if not console.is_terminal:
-            console.print(f"run {run_id}")
+            console.print(plain(f"run {visible(run_id)}"))
             return client.wait(run_id, timeout=timeout, on_event=progress,  # type: ignore[no-any-return]
                                on_notice=progress.notice)
         with Live(progress.render(), console=console, refresh_per_second=8) as live:
@@ -117,7 +118,7 @@ def start(workflow: str, imports: tuple[str, ...], input_json: str | None, versi
     hint = imports[0] if imports else "MODULE"
     result = wait_with_progress(client, handle.run_id, timeout, quiet=as_json, hint=hint)
     if as_json:
-        click.echo(result.model_dump_json(indent=2))
+        click.echo(terminal_json(result.model_dump_json(indent=2)))
     else:
         print_result(console, result)
     sys.exit(0 if result.status in ("done", "cancelled") else 1)
@@ -132,7 +133,7 @@ def inspect(run_id: str, as_json: bool) -> None:
     client = make_client()
     view = client.inspect(resolve(client, run_id))
     if as_json:
-        click.echo(view.model_dump_json(indent=2))
+        click.echo(terminal_json(view.model_dump_json(indent=2)))
     else:
         render_run(console, view)
 
@@ -147,18 +148,20 @@ def runs(status: str | None, workflow: str | None, limit: int, ids: bool, as_jso
     """List recent runs, newest first (full run ids; any unique prefix works in other commands)."""
     found = make_client().runs(status=status, workflow=workflow, limit=limit)
     if as_json:
-        click.echo(json.dumps([r.model_dump() for r in found], indent=2))
+        click.echo(terminal_json(json.dumps([r.model_dump() for r in found], indent=2, ensure_ascii=False)))
         return
-    if ids or not console.is_terminal:
+    if ids or not console.is_terminal:  # one run a line, its fields tab-separated (each escaped: one line)
         for r in found:
-            click.echo(r.run_id if ids else f"{r.run_id}\t{r.workflow}\t{r.version}\t{r.status}\t"
-                       f"{r.termination_code or ''}\t{iso(r.created_at)}")
+            fields = [r.run_id] if ids else [r.run_id, r.workflow, r.version, r.status, r.termination_code or "",
+                                             iso(r.created_at)]
+            click.echo("\t".join(visible(f) for f in fields))
         return
     now = clock.now()
     table = Table("run id", "workflow", "status", "termination", "created")
     table.columns[0].no_wrap = True
     for r in found:
-        table.add_row(r.run_id, f"{r.workflow} v{r.version}", r.status, r.termination_code or "",
+        table.add_row(plain(visible(r.run_id)), plain(f"{visible(r.workflow)} v{visible(r.version)}"),
+                      plain(visible(r.status)), plain(visible(r.termination_code or "")),
                       f"{iso(r.created_at)} ({ago(r.created_at, now)})")
     console.print(table)
 
@@ -173,7 +176,7 @@ def events(run_id: str, as_json: bool) -> None:
     found = client.events(resolve(client, run_id))
     since = found[0].at if found else None
     for event in found:
-        click.echo(event.model_dump_json() if as_json else event_line(event, since))
+        click.echo(terminal_json(event.model_dump_json()) if as_json else event_line(event, since))
 
 
 @click.command()
@@ -183,7 +186,7 @@ def events(run_id: str, as_json: bool) -> None:
 def cancel(run_id: str, reason: str) -> None:
     """Cancel a run (a finished run is left as it is). RUN_ID may be a unique prefix."""
     client = make_client()
-    click.echo(client.cancel(resolve(client, run_id), reason).message)
+    click.echo(visible(client.cancel(resolve(client, run_id), reason).message))
 
 
 @click.command()
@@ -205,6 +208,31 @@ def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | N
 
 @click.command()
 @click.argument("run_id")
+@click.argument("task")
+@click.argument("round", type=click.IntRange(1))
+@click.option("--feedback", default=None, help="The feedback round ROUND's attempt gets (default: the one recorded "
+                                                "for the round before).")
+@click.option("--run-id", "new_run_id", default=None, help="The new run's id (default: a new one).")
+@IMPORT_OPTION
+@click.option("--wait", is_flag=True, help="Wait for the new run to end.")
+@click.option("--timeout", type=Seconds(), default=None, help="With --wait: seconds to wait at most.")
+def fork(run_id: str, task: str, round: int, feedback: str | None, new_run_id: str | None, imports: tuple[str, ...],
+         wait: bool, timeout: float | None) -> None:
+    """Start a new run from round ROUND of TASK of a finished run: the rounds before it are copied,
+    ROUND runs again with --feedback. RUN_ID may be a unique prefix."""
+    import_modules(imports)
+    client = make_client()
+    original = resolve(client, run_id)
+    handle = client.fork(original, task, round, feedback, new_run_id=new_run_id)
+    click.echo(f"run {handle.run_id} forked from {original} at {visible(task)} round {round}")
+    if wait:
+        result = wait_with_progress(client, handle.run_id, timeout)
+        print_result(console, result)
+        sys.exit(0 if result.status == "done" else 1)
+
+
+@click.command()
+@click.argument("run_id")
 @click.argument("key")
 @click.argument("action", type=click.Choice(["approve", "reject", "resume"]))
 @click.option("--actor", required=True, help="Who decides (checked against the gate's actors).")
@@ -217,7 +245,7 @@ def decide(run_id: str, key: str, action: str, actor: str, reason: str, value_js
     import_modules(imports)
     client = make_client()
     view = client.decide(resolve(client, run_id), key, action, actor, reason, parse_json("--value", value_json))
-    click.echo(f"run {view.run_id}: {view.status}")
+    click.echo(f"run {visible(view.run_id)}: {visible(view.status)}")
 
 
 @click.command()
@@ -226,7 +254,7 @@ def decide(run_id: str, key: str, action: str, actor: str, reason: str, value_js
 @click.option("--version", "version", default=None, help="Workflow version (when several are registered).")
 def graph(workflow: str, imports: tuple[str, ...], version: str | None) -> None:
     """Print a workflow as a Mermaid flowchart."""
-    from taskloop.definitions import REGISTRY
+    from taskloop.define.workflow import REGISTRY
 
     import_modules(imports)
     click.echo(REGISTRY.get(workflow, version).mermaid())

@@ -1,8 +1,3 @@
-"""The Redis store: key and field names (keys.py), typed reads (meta.py), the guarded batch
-(batch.py, lua/cas.lua), the prepared begin (lua/begin.lua) and the store itself."""
-
-from taskloop.store.batch import Batch
-from taskloop.store.meta import RunMeta, Snapshot
-from taskloop.store.redis_store import Applied, BeginReply, Conflict, RedisStore
-
-__all__ = ["Applied", "Batch", "BeginReply", "Conflict", "RedisStore", "RunMeta", "Snapshot"]
+"""The Redis store: every Redis key name (keys.py), the Lua scripts (lua/*.lua, loaded and called
+by redis_store.py) and the store itself (redis_store.py). The records it holds are described in
+taskloop/core (fields.py, snapshot.py, batch.py)."""

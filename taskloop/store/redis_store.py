@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -13,12 +11,16 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis
 
-from taskloop import connections
-from taskloop.connections import redact as redact  # re-exported: it used to live here
-from taskloop.events import Event, from_entry, split_id
+from taskloop.connections import clients
+from taskloop.connections.urls import redact as redact
+from taskloop.core import fields as fld
+from taskloop.core.batch import Batch, Listed, ListKey
+from taskloop.core.events import Event, from_entry, split_id
+from taskloop.core.snapshot import Snapshot
 from taskloop.store import keys as k
-from taskloop.store.batch import Batch
-from taskloop.store.meta import Snapshot
+from taskloop.store.calls import wrap
+from taskloop.store.indexes import Indexes
+from taskloop.store.limit_store import Limits
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -68,14 +70,9 @@ class BeginReply:
     fields: dict[str, str | None]
 
 
-# What _wrap looks at: the errors of reaching Redis, and script errors (only an ACL refusal is turned
-# into a taskloop error; any other script error is a bug, raised as it is).
-_WRAPPED: tuple[type[BaseException], ...] = (*connections.STORE_ERRORS, redis.exceptions.ResponseError)
-
-
-class RedisStore:
+class RedisStore(Indexes, Limits):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
-    of its credentials or ACL StoreAccessDenied (connections.describe)."""
+    of its credentials or ACL StoreAccessDenied (errors.describe)."""
 
     def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None,
                  single_connection: bool = False, events_maxlen: int = EVENTS_MAXLEN) -> None:
@@ -85,31 +82,14 @@ class RedisStore:
         self.events_maxlen = events_maxlen
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
-        self.client: Any = client or connections.store_client(
+        self.client: Any = client or clients.store_client(
             url, retries=retries, single_connection=single_connection, socket_timeout=SOCKET_TIMEOUT_S)
         self._blocking: Any = None  # a client for blocking reads, made on first use
-        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin")}
+        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin", "limits")}
 
-    @staticmethod
-    def _wrap(fn: Callable[P, T]) -> Callable[P, T]:
-        @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            try:
-                return fn(*args, **kwargs)
-            except _WRAPPED as exc:
-                if isinstance(exc, redis.exceptions.ResponseError) and not isinstance(exc, connections.STORE_ERRORS) \
-                        and not connections.denied_in_script(exc):
-                    raise  # a script's own error: a bug to see as it is
-                self = args[0]
-                assert isinstance(self, RedisStore)
-                # StoreUnavailable (unreachable, timeout, TLS not verified, ...) or StoreAccessDenied
-                # (wrong password, unknown ACL user, NOPERM, a command the ACL user may not run in a
-                # script), with the URL redacted.
-                raise connections.describe(exc, self.url) from exc
-        return call
 
     # reads of one run -----------------------------------------------------------------------
-    @_wrap
+    @wrap
     def hmget(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
         if not fields:
             return []
@@ -118,48 +98,50 @@ class RedisStore:
     def snapshot(self, run_id: str, fields: Iterable[str] = ()) -> Snapshot:
         """A snapshot of the run that loads further fields on demand (check ``.exists``)."""
         snap = Snapshot(run_id, loader=lambda names: self.hmget(run_id, names))
-        snap.ensure([k.F_WORKFLOW, *fields])
+        snap.ensure([fld.F_WORKFLOW, *fields])
         return snap
 
-    @_wrap
+    @wrap
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
         """Every hash field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
         return dict(self.client.hscan_iter(k.RunKeys.of(run_id).run, match=f"{prefix}*", count=1000))
 
-    @_wrap
+    @wrap
     def all_fields(self, run_id: str) -> dict[str, str]:
         """The whole run hash (inspect of one run)."""
         return dict(self.client.hgetall(k.RunKeys.of(run_id).run))
 
-    @_wrap
-    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker_json: str, now: float,
+    @wrap
+    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
               fields: Sequence[str]) -> BeginReply:
-        """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller."""
+        """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller:
+        ``fields`` starts with the task's record fields (fld.record_fields) and the control flag."""
         keys = k.RunKeys.of(run_id)
-        began, values, more_names, more = self._call("begin", [keys.run, keys.leases],
-                                                     [key, token, round, phase, worker_json, repr(now), *fields])
+        argv: list[str | int | float] = [fld.begin_field(key), *fld.record_fields(key), fld.usage_field("attempts"),
+                                         key, token, round, phase, worker, repr(now), *fields]
+        began, values, more_names, more = self._call("begin", [keys.run, keys.leases], argv)
         found = dict(zip(more_names, more, strict=True))
         found.update(zip(fields, values, strict=True))
         return BeginReply(bool(began), found)
 
-    @_wrap
+    @wrap
     def leases(self, run_id: str, until: float, limit: int = 100) -> list[tuple[str, float]]:
         """The run's leases that expire by ``until``, earliest first."""
         rows = self.client.zrangebyscore(k.RunKeys.of(run_id).leases, "-inf", until, start=0, num=limit,
                                          withscores=True)
         return [(member, float(score)) for member, score in rows]
 
-    @_wrap
+    @wrap
     def lease_of(self, run_id: str, key: str) -> float | None:
         score = self.client.zscore(k.RunKeys.of(run_id).leases, key)
         return None if score is None else float(score)
 
-    @_wrap
+    @wrap
     def first_lease(self, run_id: str) -> float | None:
         rows = self.client.zrange(k.RunKeys.of(run_id).leases, 0, 0, withscores=True)
         return float(rows[0][1]) if rows else None
 
-    @_wrap
+    @wrap
     def events(self, run_id: str, after: str | None = None) -> list[Event]:
         """The run's events in order; with ``after`` (an event id), only the later ones."""
         if after is None:
@@ -174,10 +156,10 @@ class RedisStore:
         """The client for blocking reads: its socket timeout outlasts the block by BLOCK_MARGIN_S, and
         it does not retry (a blocking read that timed out is answered by the caller, see below)."""
         needed = block_s + BLOCK_MARGIN_S
-        if self._blocking is None or (connections.client_timeout(self._blocking) or 0.0) < needed:
+        if self._blocking is None or (clients.client_timeout(self._blocking) or 0.0) < needed:
             if self._blocking is not None:
                 self._blocking.close()
-            self._blocking = connections.store_client(self.url, retries=0, socket_timeout=needed, health_check=False)
+            self._blocking = clients.store_client(self.url, retries=0, socket_timeout=needed, health_check=False)
         return self._blocking
 
     def _block(self, block_s: float, call: Callable[[Any], T], nothing: T) -> T:
@@ -188,10 +170,10 @@ class RedisStore:
         try:
             return call(client)
         except redis.exceptions.TimeoutError:
-            connections.disconnect(client)  # redis.Redis or RedisCluster
+            clients.disconnect(client)  # redis.Redis or RedisCluster
             return nothing
 
-    @_wrap
+    @wrap
     def block_events(self, run_id: str, last_entry: str, block_ms: int) -> list[Event]:
         """Events of the entries after stream entry ``last_entry`` ("0-0": from the start), waiting
         up to ``block_ms`` for the first one (XREAD BLOCK)."""
@@ -202,7 +184,7 @@ class RedisStore:
             return []
         return [e for entry_id, fields in reply[0][1] for e in from_entry(run_id, entry_id, fields)]
 
-    @_wrap
+    @wrap
     def block_end(self, run_id: str, block_ms: int) -> bool:
         """Wait up to ``block_ms`` for the run's end marker; True once the run has ended.
 
@@ -213,18 +195,20 @@ class RedisStore:
         return self._block(timeout, lambda c: c.blmove(end, end, timeout, "LEFT", "RIGHT"), None) is not None
 
     # writes of one run ----------------------------------------------------------------------
-    @_wrap
+    @wrap
     def apply(self, batch: Batch) -> Conflict | Applied:
         """Run the batch atomically: Applied, or the first guard that failed (nothing written)."""
-        args: list[str | int] = [*batch.argv(), self.events_maxlen]
+        cluster = clients.is_cluster(self.client)
+        key_of = None if cluster else k.run_list  # a Cluster's run lists are in other slots: written after
+        args: list[str | int] = [*batch.argv(key_of), self.events_maxlen, batch.run_id]
+        keys = self._keys(batch, key_of)
         if batch.indexes or batch.stats:
             pipe = self.client.pipeline(transaction=False)
-            for key, member, score in batch.indexes:
-                pipe.zadd(key, {member: score}, nx=key == k.RUNS_INDEX)  # a run keeps its creation time
+            for index, member, score in batch.indexes:
+                pipe.zadd(k.INDEX_KEYS[index], {member: score})
             for name, amount in batch.stats.items():  # (counted before the write: a repeated start counts too)
                 pipe.hincrby(k.STATS, name, amount)
-            keys = batch.all_keys()
-            if connections.is_cluster(self.client):
+            if cluster:
                 # Redis Cluster: these keys live in other slots (other nodes), and redis-py's cluster
                 # pipeline refuses EVALSHA: send them first, then run the script on the run's slot.
                 pipe.execute()
@@ -237,116 +221,47 @@ class RedisStore:
                 elif isinstance(reply, Exception):
                     raise reply
         else:
-            reply = self._call("cas", batch.all_keys(), args)
+            reply = self._call("cas", keys, args)
         if reply[0] == 1:
-            return Applied(finished=batch.finishes or (reply[1] == 0 and batch.open_delta != 0))
-        index = int(reply[1])
-        guard = batch.guards[index - 1]
-        return Conflict(index, batch.labels[index - 1], guard[1], reply[2] if len(reply) > 2 else None)
+            applied = Applied(finished=batch.finishes or (reply[1] == 0 and batch.open_delta != 0))
+            if cluster:
+                self._write_lists(batch.run_id, batch.all_listed(applied.finished))
+            return applied
+        failed = int(reply[1])
+        guard = batch.guards[failed - 1]
+        return Conflict(failed, batch.labels[failed - 1], guard[1], reply[2] if len(reply) > 2 else None)
 
-    @_wrap
-    def incr_usage(self, run_id: str, counts: dict[str, int]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for name, amount in counts.items():
-            if amount:
-                pipe.hincrby(k.RunKeys.of(run_id).run, k.usage_field(name), amount)
-        pipe.execute()
+    @staticmethod
+    def _keys(batch: Batch, key_of: ListKey | None) -> list[str]:
+        """cas.lua's KEYS: the run's four keys, the broker lists the write pushes to, then (on a single
+        Redis) the run lists it writes."""
+        return [*k.RunKeys.of(batch.run_id).all(), *batch.broker_keys,
+                *(batch.list_keys(key_of) if key_of is not None else ())]
 
-    # fleet counters and indexes (outside the run scripts: a run keeps to one slot) -------------
-    @_wrap
-    def incr_stat(self, name: str, amount: int = 1) -> None:
-        self.client.hincrby(k.STATS, name, amount)
-
-    @_wrap
-    def stats(self) -> dict[str, str]:
-        return dict(self.client.hgetall(k.STATS))
-
-    @_wrap
-    def count_finished(self, metas: Sequence[Any]) -> None:
-        """Count finished runs in the fleet counters (as the reconciler forgets them)."""
-        if not metas:
+    def _write_lists(self, run_id: str, listed: Sequence[Listed]) -> None:
+        """A Cluster's run lists, after the script that wrote the run (a crash in between leaves the
+        lists behind the run until the reconciler looks at it: ``relist``)."""
+        if not listed:
             return
         pipe = self.client.pipeline(transaction=False)
-        for meta in metas:
-            pipe.hincrby(k.STATS, k.finished_stat(meta.workflow, meta.stored_status,
-                                                  meta.termination.value if meta.termination else ""), 1)
+        for entry in listed:
+            if entry.score is None:
+                pipe.zrem(k.run_list(entry), run_id)
+            else:
+                pipe.zadd(k.run_list(entry), {run_id: entry.score})
         pipe.execute()
 
-    @_wrap
-    def fleet_view(self, now: float, sample: int = 1000) -> dict[str, Any]:
-        """What the fleet exporter reports: live runs, expired leases (over at most ``sample`` due
-        runs), the last reconcile pass, the fleet counters."""
-        due = list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=sample))
+    @wrap
+    def incr_usage(self, run_id: str, counts: dict[str, int]) -> None:
+        self.incr_fields(run_id, {fld.usage_field(name): amount for name, amount in counts.items() if amount})
+
+    @wrap
+    def incr_fields(self, run_id: str, amounts: dict[str, int]) -> None:
+        """HINCRBY counters of a run's hash (one round trip)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(k.LIVE_INDEX)
-        pipe.get(k.RECONCILER_LAST)
-        pipe.hgetall(k.STATS)
-        for run_id in due:
-            pipe.zcount(k.RunKeys.of(run_id).leases, "-inf", now)
-        live, last, stats, *expired = pipe.execute()
-        return {"live": int(live), "expired_leases": sum(int(n) for n in expired),
-                "last_pass_at": json.loads(last)["at"] if last else None,
-                "stats": {name: int(value) for name, value in stats.items() if value.lstrip("-").isdigit()}}
-
-    @_wrap
-    def unlive(self, run_ids: Sequence[str]) -> None:
-        if run_ids:
-            self.client.zrem(k.LIVE_INDEX, *run_ids)
-
-    @_wrap
-    def due_runs(self, now: float, limit: int) -> list[str]:
-        """Live runs the reconciler should look at now."""
-        return list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit))
-
-    @_wrap
-    def look_again(self, run_id: str, at: float) -> None:
-        """When the reconciler should look at a live run next (only if it is still listed)."""
-        self.client.zadd(k.LIVE_INDEX, {run_id: at}, xx=True)
-
-    @_wrap
-    def live_count(self) -> int:
-        return int(self.client.zcard(k.LIVE_INDEX))
-
-    @_wrap
-    def note_reconcile(self, report_json: str) -> None:
-        """What the last reconcile pass did (read by ``taskloop status``)."""
-        self.client.set(k.RECONCILER_LAST, report_json)
-
-    @_wrap
-    def last_reconcile(self) -> str | None:
-        found: str | None = self.client.get(k.RECONCILER_LAST)
-        return found
-
-    @_wrap
-    def run_ids(self, limit: int, offset: int = 0) -> list[str]:
-        return list(self.client.zrevrange(k.RUNS_INDEX, offset, offset + limit - 1))
-
-    @_wrap
-    def run_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
-        """Run ids that start with ``prefix`` (lexicographic ZSCAN of the runs index)."""
-        found: list[str] = []
-        for member, _ in self.client.zscan_iter(k.RUNS_INDEX, match=f"{_glob_escape(prefix)}*", count=1000):
-            found.append(member)
-            if len(found) >= limit:
-                break
-        return found
-
-    @_wrap
-    def run_metas(self, run_ids: Iterable[str]) -> list[list[str | None]]:
-        pipe = self.client.pipeline(transaction=False)
-        for run_id in run_ids:
-            pipe.hmget(k.RunKeys.of(run_id).run, list(k.META_FIELDS))
-        return list(pipe.execute())
-
-    @_wrap
-    def forget_runs(self, run_ids: Sequence[str]) -> None:
-        if run_ids:
-            self.client.zrem(k.RUNS_INDEX, *run_ids)
-
-    @_wrap
-    def trim_runs_index(self, before: float) -> int:
-        """Drop index entries of runs created before ``before`` (their records have expired)."""
-        return int(self.client.zremrangebyscore(k.RUNS_INDEX, "-inf", before))
+        for field, amount in amounts.items():
+            pipe.hincrby(k.RunKeys.of(run_id).run, field, amount)
+        pipe.execute()
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
         """EVALSHA a script of ours (loading it first if this Redis does not have it yet)."""
@@ -361,12 +276,3 @@ class RedisStore:
         self.client.close()
         if self._blocking is not None:
             self._blocking.close()
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
-
-
-def dumps_worker(worker: str) -> str:
-    """A worker name as the JSON string begin.lua splices into a record."""
-    return json.dumps(worker, ensure_ascii=False)

@@ -1,18 +1,48 @@
-"""The worker's Celery app: ``celery -A taskloop.worker.app worker`` works as well as ``taskloop worker``."""
+"""The worker's Celery app: ``celery -A taskloop.worker.app worker`` (or ``-A taskloop.worker``, or
+``-A taskloop``) works as well as ``taskloop worker``.
+
+Importing it patches nothing: the fixes to Celery and kombu are classes the app's settings name
+(taskloop/celery_fixes/): the transport (``broker_transport``, set with the broker URL), the
+consumer (``worker_consumer``), the prefork pool (``worker_pool``, unless the configuration asks
+for another pool) and the app's ``amqp`` class.
+"""
 
 from __future__ import annotations
 
-from taskloop.app import make_app
-from taskloop.worker import kombu_clients, kombu_fix, light_failures, pool_fix
-from taskloop.worker.tasks import PhaseFailed, Refused, register
+import logging
+from typing import Any
 
-kombu_fix.install()  # a worker must survive Redis restarts (see kombu_fix.py)
-pool_fix.install()  # ... and reconnects after pool processes died together (see pool_fix.py)
-kombu_clients.install()  # one redis client per channel, not one per message (see kombu_clients.py)
-light_failures.install(PhaseFailed, Refused)  # no frames for failures taskloop raises on purpose
+from celery import signals
+
+from taskloop.celery_fixes import unchecked_versions
+from taskloop.celery_fixes.pool import POOL
+from taskloop.runtime.celery_app import make_app
+from taskloop.worker.tasks import register
+
+log = logging.getLogger("taskloop.worker")
+
 app = make_app()
+if app.conf.worker_pool in (None, "prefork"):
+    app.conf.worker_pool = POOL  # Celery's prefork pool, with taskloop's fix (celery_fixes/pool.py)
 register(app)
+# Celery's built-in tasks (celery.chain, celery.group, celery.chord_unlock, celery.accumulate, ...)
+# run whatever their arguments name; taskloop sends none of them, so a worker refuses them like any
+# unknown task (worker/consumer.py logs and counts the refusal). TaskRegistry.unregister is public.
+BUILTIN_TASKS = tuple(sorted(name for name in app.tasks if name.startswith("celery.")))
+for _name in BUILTIN_TASKS:
+    app.tasks.unregister(_name)
 celery = app
+
+
+def say_unchecked_versions(**_: Any) -> None:
+    """A worker on a Celery, kombu, billiard or redis-py version the fixes were not checked against
+    says so when it starts (``python -m taskloop.celery_fixes`` tells whether each is still needed)."""
+    for line in unchecked_versions():
+        log.warning("taskloop's fixes to Celery and kombu were not checked against %s; run `python -m "
+                    "taskloop.celery_fixes` to see which are still needed", line)
+
+
+signals.worker_init.connect(say_unchecked_versions, weak=False)
 
 
 def run_worker(argv: list[str]) -> int:

@@ -15,16 +15,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from taskloop import events as ev
-from taskloop import limits
-from taskloop.context import TaskContext
-from taskloop.errors import InvalidCacheKey
-from taskloop.events import Event
-from taskloop.jsonvalue import canonical, dumps, lossless_problem
-from taskloop.options import Cache
-from taskloop.phases import ErrorRecord
-from taskloop.store import RedisStore
+from taskloop.base import limits
+from taskloop.base.errors import InvalidCacheKey
+from taskloop.base.jsonvalue import canonical, dumps, lossless_problem
+from taskloop.core import events as ev
+from taskloop.core.events import Event
+from taskloop.core.phases import ErrorRecord
+from taskloop.define.context import TaskContext
+from taskloop.define.options import Cache
 from taskloop.store import keys as k
+from taskloop.store.redis_store import RedisStore
 from taskloop.worker.callbacks import error_record, invoke
 
 log = logging.getLogger("taskloop.cache")
@@ -105,13 +105,12 @@ def lookup(cache: Cache, ctx: TaskContext, workflow: str, task: str, store: Cach
         entry = store.read(found.fingerprint)
         if entry is not None:
             value, stored_at = entry["value"], float(entry["stored_at"])
-            problem = lossless_problem(value)
-            if problem is not None:
-                raise ValueError(f"cached value is not lossless JSON: {problem}")
-            value_raw = dumps(value)
-            size = limits.oversize(value_raw, max_bytes) if max_bytes is not None else None
-            if size is not None:
-                raise ValueError(limits.too_large("cached value", size, max_bytes or 0, limits.OUTPUT_ENV))
+            stored = limits.store_form(value, max_bytes if max_bytes is not None else limits.UNLIMITED)
+            if stored.problem is not None:
+                raise ValueError(f"cached value is not lossless JSON: {stored.problem}")
+            if stored.raw is None:
+                raise ValueError(limits.too_large("cached value", stored.size or 0, max_bytes or 0, limits.OUTPUT_ENV))
+            value_raw = stored.raw
     except Exception as exc:
         log.warning("cache read failed for %s/%s: %r (treated as a miss)", workflow, task, exc)
         found.events.append(_event("failed", task, now, fingerprint=short, operation="read",

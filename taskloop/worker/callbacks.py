@@ -10,17 +10,22 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from taskloop import limits
-from taskloop.context import LoopContext, Signal, TaskContext
-from taskloop.definitions import Task, Workflow
-from taskloop.errors import Cancelled, InvalidOutput, OutputTooLarge
-from taskloop.jsonvalue import dumps, lossless_problem
-from taskloop.limits import DEFAULT_CAPS, Caps
-from taskloop.options import LoopCheck
-from taskloop.phases import ErrorRecord, EventKind, Phase, TaskRecord
-from taskloop.store import Applied, Batch, RedisStore, Snapshot
-from taskloop.store import keys as k
-from taskloop.worker.outcomes import Outcome
+from taskloop.base import limits, text
+from taskloop.base.errors import Cancelled, InvalidCheckResult, InvalidOutput, OutputTooLarge
+from taskloop.base.jsonvalue import dumps
+from taskloop.base.limits import DEFAULT_CAPS, Caps
+from taskloop.core import fields as fld
+from taskloop.core import scores
+from taskloop.core.batch import Batch
+from taskloop.core.outcomes import Outcome
+from taskloop.core.phases import ErrorRecord, EventKind, Phase, TaskRecord
+from taskloop.core.snapshot import Snapshot
+from taskloop.define.context import LoopContext, Signal, TaskContext
+from taskloop.define.options import LoopCheck
+from taskloop.define.tasks import Task
+from taskloop.define.workflow import Workflow
+from taskloop.runtime.commit import write
+from taskloop.store.redis_store import Applied, RedisStore
 
 JSON_FIX = "return None, bool, int, finite float, str, list or dict with str keys"
 TRACEBACK_LIMIT = 8_000  # characters of a recorded traceback (its last frames are kept)
@@ -30,7 +35,7 @@ def error_record(exc: BaseException, **details: Any) -> ErrorRecord:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if len(tb) > TRACEBACK_LIMIT:
         tb = "...\n" + tb[-TRACEBACK_LIMIT:]
-    return ErrorRecord(type=type(exc).__name__, message=limits.cut(str(exc)), details={"traceback": tb, **details})
+    return ErrorRecord(type=type(exc).__name__, message=text.cut(str(exc)), details={"traceback": tb, **details})
 
 
 def failure(exc: BaseException) -> Outcome:
@@ -52,14 +57,27 @@ class Usage:
     id longer than its cap (TASKLOOP_MAX_RECEIPT_BYTES) raises OutputTooLarge in the callback."""
 
     def __init__(self, store: RedisStore, run_id: str, key: str = "",
-                 max_receipt_bytes: int = limits.DEFAULT_RECEIPT_BYTES) -> None:
+                 max_receipt_bytes: int = limits.DEFAULT_RECEIPT_BYTES, round: int = 0,
+                 on_tokens: Callable[[int], None] | None = None) -> None:
         self.store = store
+        self.on_tokens = on_tokens  # counts the tokens in the phase's token rate limits
         self.run_id = run_id
         self.key = key
         self.max_receipt_bytes = max_receipt_bytes
+        self.round = round  # also counted per task and round (what a fork carries over with the round)
+
+    def _fields(self, name: str) -> list[str]:
+        per_round = [fld.task_usage_field(self.key, self.round, name)] if self.key and self.round else []
+        return [fld.usage_field(name), *per_round]
 
     def report(self, counts: dict[str, int]) -> None:
-        self.store.incr_usage(self.run_id, counts)
+        self.store.incr_fields(self.run_id, {field: amount for name, amount in counts.items() if amount
+                                             for field in self._fields(name)})
+        self._tokens(counts)
+
+    def _tokens(self, counts: dict[str, int]) -> None:
+        if self.on_tokens is not None:
+            self.on_tokens(counts.get("input", 0) + counts.get("output", 0))
 
     def report_once(self, receipt: str, counts: dict[str, int]) -> bool:
         size = limits.oversize(receipt, self.max_receipt_bytes)
@@ -67,26 +85,33 @@ class Usage:
             message = limits.too_large(f"the usage receipt id reported by task {self.key}", size,
                                        self.max_receipt_bytes, limits.RECEIPT_ENV)
             raise OutputTooLarge(self.key, OutputTooLarge.__name__, message)
-        batch = Batch(self.run_id).expect(k.receipt_field(receipt), None, "receipt")
-        batch.set(k.receipt_field(receipt), "1")
+        batch = Batch(self.run_id).expect(fld.receipt_field(receipt), None, "receipt")
+        batch.set(fld.receipt_field(receipt), "1")
         for name, amount in counts.items():
-            batch.incr(k.usage_field(name), amount)
-        return isinstance(self.store.apply(batch), Applied)
+            for field in self._fields(name):
+                batch.incr(field, amount)
+        counted = isinstance(write(self.store, batch), Applied)
+        if counted:
+            self._tokens(counts)
+        return counted
 
 
 def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-                  signal: Signal, phase: Phase | None, caps: Caps = DEFAULT_CAPS) -> TaskContext:
+                  signal: Signal, phase: Phase | None, caps: Caps = DEFAULT_CAPS,
+                  on_tokens: Callable[[int], None] | None = None) -> TaskContext:
     """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0).
-    The run input and dependency values are read when the callback first asks for them."""
+    The run input and dependency values are read when the callback first asks for them.
+    ``on_tokens``: told the tokens each usage report adds (the phase's token rate limits)."""
 
     def load_value(dep: str) -> Any:
-        snap.ensure([k.value_field(d) for d in task.after])
-        return snap.json(k.value_field(dep))
+        snap.ensure([fld.value_field(d) for d in task.after])
+        return snap.json(fld.value_field(dep))
 
     common: dict[str, Any] = dict(
-        run_id=snap.run_id, workflow=workflow.name, key=task.key, load_input=lambda: snap.json(k.F_INPUT),
-        signal=signal, after=task.after, load_value=load_value, usage=Usage(store, snap.run_id, task.key, caps.receipt),
-        load_activation=(lambda: snap.json(k.activation_field(task.key))) if workflow.graph is not None else None,
+        run_id=snap.run_id, workflow=workflow.name, key=task.key, load_input=lambda: snap.json(fld.F_INPUT),
+        signal=signal, after=task.after, load_value=load_value,
+        usage=Usage(store, snap.run_id, task.key, caps.receipt, record.round if phase is not None else 0, on_tokens),
+        load_activation=(lambda: snap.json(fld.activation_field(task.key))) if workflow.graph is not None else None,
     )
     if phase is None:
         return TaskContext(attempt=0, idempotency_key=f"{snap.run_id}/{task.key}/prepare", **common)
@@ -95,16 +120,16 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
     if task.is_loop:
         return LoopContext(round=record.round, phase=phase.value, attempt=record.attempts,
                            idempotency_key=idempotency_key,
-                           load_previous=lambda: snap.json(k.candidate_field(task.key, record.round - 1)), **common)
+                           load_previous=lambda: snap.json(fld.candidate_field(task.key, record.round - 1)), **common)
     return TaskContext(attempt=record.attempts, idempotency_key=idempotency_key, **common)
 
 
 def phase_fields(phase: Phase, key: str, round: int) -> list[str]:
     """The data a phase's callback takes as an argument (read together with its record)."""
     if phase is Phase.CHECK:
-        return [k.candidate_field(key, round)]
-    if phase is Phase.ATTEMPT and round > 1:
-        return [k.check_field(key, round - 1)]
+        return [fld.candidate_field(key, round)]
+    if phase is Phase.ATTEMPT:  # the feedback: a fork's for this round, else the last check's
+        return [fld.feedback_field(key, round), *([fld.check_field(key, round - 1)] if round > 1 else [])]
     return []
 
 
@@ -130,54 +155,63 @@ def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot, caps:
     try:
         if phase is Phase.CHECK:
             assert task.check is not None
-            raw = snap.get(k.candidate_field(key, round))
-            check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
-            check_raw = dumps(check.model_dump())
-            size = limits.oversize(check_raw, caps.feedback)
-            if size is not None:
-                return too_large(task, round, "check result (its feedback)", size, caps.feedback, limits.FEEDBACK_ENV)
+            raw = snap.get(fld.candidate_field(key, round))
+            try:
+                check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
+            except InvalidCheckResult as exc:  # say which round returned it
+                raise InvalidCheckResult(f"{exc} (task {key} round {round})") from exc
+            stored = limits.store_form(check.stored(), caps.feedback)  # a LoopCheck is lossless JSON
+            if stored.raw is None:
+                return too_large(task, round, "check result (its feedback)", stored.size or 0, caps.feedback,
+                                 limits.FEEDBACK_ENV)
+            check_raw = stored.raw
             if check.done:
-                accepted = Outcome(EventKind.ACCEPT, {k.check_field(key, round): check_raw,
-                                                      k.value_field(key): raw or "null"})
+                accepted = Outcome(EventKind.ACCEPT, {fld.check_field(key, round): check_raw,
+                                                      fld.value_field(key): raw or "null"}, score=check.score)
                 return with_notes(accepted, ctx, task, phase, caps)
-            rejected = Outcome(EventKind.REJECT, {k.check_field(key, round): check_raw}, feedback=check.feedback)
+            data = {fld.check_field(key, round): check_raw}
+            record = snap.record(key)
+            if task.on_exhausted == "best" and record is not None and \
+                    scores.keeps(scores.before(record.scores, round), check.score):
+                data[fld.value_field(key)] = raw or "null"  # the best so far: the value if the loop runs out
+            rejected = Outcome(EventKind.REJECT, data, feedback=check.feedback, score=check.score)
             return with_notes(rejected, ctx, task, phase, caps)
         if phase is Phase.ATTEMPT:
             assert task.attempt is not None
-            previous = snap.get(k.check_field(key, round - 1)) if round > 1 else None
-            feedback = json.loads(previous)["feedback"] if previous else None
+            given = snap.get(fld.feedback_field(key, round))  # a fork gave this round its feedback
+            previous = snap.get(fld.check_field(key, round - 1)) if round > 1 and given is None else None
+            if given is not None:
+                feedback = json.loads(given)
+            else:
+                feedback = json.loads(previous)["feedback"] if previous else None
             result = invoke(task.attempt, ctx, feedback)
-            kind, field_name = EventKind.CANDIDATE, k.candidate_field(key, round)
+            kind, field_name = EventKind.CANDIDATE, fld.candidate_field(key, round)
         else:
             assert task.run is not None
             result = invoke(task.run, ctx)
-            kind, field_name = EventKind.SUCCEED, k.value_field(key)
+            kind, field_name = EventKind.SUCCEED, fld.value_field(key)
     except Cancelled as exc:
         return Outcome(EventKind.CANCEL, error=error_record(exc), exception=exc, cancelled=True)
     except OutputTooLarge as exc:  # a usage receipt over its cap (Usage.report_once)
-        return Outcome(EventKind.FAIL, error=ErrorRecord(type=OutputTooLarge.__name__, message=limits.cut(exc.message)),
+        return Outcome(EventKind.FAIL, error=ErrorRecord(type=OutputTooLarge.__name__, message=text.cut(exc.message)),
                        exception=exc)
     except Exception as exc:
         return failure(exc)
-    problem = lossless_problem(result)
-    if problem is not None:
-        return non_json(problem, task, round)
-    raw_result = dumps(result)
-    size = limits.oversize(raw_result, caps.output)
-    if size is not None:
+    stored = limits.store_form(result, caps.output)
+    if stored.problem is not None:
+        return non_json(stored.problem, task, round)
+    if stored.raw is None:
         what = "candidate" if phase is Phase.ATTEMPT else "output"
-        return too_large(task, round, what, size, caps.output, limits.OUTPUT_ENV)
-    return with_notes(Outcome(kind, {field_name: raw_result}), ctx, task, phase, caps)
+        return too_large(task, round, what, stored.size or 0, caps.output, limits.OUTPUT_ENV)
+    return with_notes(Outcome(kind, {field_name: stored.raw}), ctx, task, phase, caps)
 
 
 def with_notes(outcome: Outcome, ctx: TaskContext, task: Task, phase: Phase, caps: Caps = DEFAULT_CAPS) -> Outcome:
     """What a callback noted about its phase (``ctx.notes``: a model's verdict, ...) is recorded with it
     (notes over TASKLOOP_MAX_OUTPUT_BYTES are replaced by a note saying so: they never fail a phase)."""
-    if not ctx.notes or lossless_problem(ctx.notes) is not None:
+    stored = limits.store_form(ctx.notes, caps.output)
+    if not ctx.notes or stored.problem is not None:
         return outcome
-    field = k.notes_field(task.key, getattr(ctx, "round", 0) or 1, phase.value)
-    raw = dumps(ctx.notes)
-    size = limits.oversize(raw, caps.output)
-    if size is not None:
-        raw = dumps({"dropped": f"notes of {size} bytes, over {limits.OUTPUT_ENV}={caps.output}"})
+    field = fld.notes_field(task.key, getattr(ctx, "round", 0) or 1, phase.value)
+    raw = stored.raw or dumps({"dropped": f"notes of {stored.size} bytes, over {limits.OUTPUT_ENV}={caps.output}"})
     return replace(outcome, data={**outcome.data, field: raw})

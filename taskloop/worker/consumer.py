@@ -1,62 +1,58 @@
-"""The worker's Celery consumer: a task message that Celery's own handler chokes on is dropped with
-one log line; it never stops the worker.
+"""The worker's Celery consumer (Celery's ``worker_consumer`` setting names this class): Celery's
+own, with taskloop's fix for messages Celery's handler chokes on (taskloop/celery_fixes/
+consumer.py), and three things taskloop adds:
 
-Seen with celery 5.7.0 (found by tests/fuzz/test_fuzz_messages.py): a task message whose JSON body
-is a scalar (an empty body, ``5``, ``null``, ``"x"``) passes Celery's decoding and then raises
-TypeError in the task strategy (``'args' not in message.payload``). The consumer does not catch
-it: the worker stops with "Unrecoverable error", restores the message to the queue as it shuts
-down, and the message stops the next worker that takes it, and the next. Anyone who can publish
-to the broker could stop the whole fleet with one message.
-
-`Consumer` wraps Celery's handler of task messages: an exception Celery does not handle itself
-(it handles unknown tasks, content it refuses and bodies it cannot decode) is logged on one line
-and the message is acknowledged, as Celery does with a body it cannot decode. Connection errors
-still propagate: recovering from them is Celery's job. ``register`` (tasks.py) makes it the
-worker's consumer (Celery's ``worker_consumer`` setting).
+- a dropped message is logged with its headers quoted and escaped, and counted in the
+  ``refused{reason="malformed"}`` metric;
+- a task that is not taskloop's (Celery's built-ins included) is refused, logged escaped and
+  counted in ``refused{reason="unknown task"}``;
+- when the broker connection dies, the phases this worker had prefetched but not started are
+  noted, so that they are sent again as soon as Redis answers (worker/outage.py) instead of
+  after their lease: Celery drops those requests, and kombu restores their messages only after
+  the visibility timeout.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from celery.worker.consumer import Consumer as CeleryConsumer
+from celery.worker import state as worker_state
 
-from taskloop import metrics
+from taskloop.base.text import shown
+from taskloop.celery_fixes.consumer import Consumer as FixedConsumer
+from taskloop.ops import metrics
+from taskloop.worker import outage
 
 log = logging.getLogger("taskloop.consumer")
 
 
-class Consumer(CeleryConsumer):  # type: ignore[misc]  # Celery is untyped
-    def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
-        handle = super().create_task_handler(*args, **kwargs)
-        connection_errors = tuple(self.connection_errors)
+class Consumer(FixedConsumer):
+    def on_unhandled_message(self, message: Any, exc: Exception) -> None:
+        headers = message.headers if isinstance(getattr(message, "headers", None), dict) else {}
+        log.error("malformed task message dropped: %s: %s (task %s, id %s, content type %s, %s bytes)",
+                  type(exc).__name__, shown(str(exc)), shown(headers.get("task")), shown(headers.get("id")),
+                  shown(getattr(message, "content_type", None)), len(getattr(message, "body", b"") or b""))
+        metrics.refused("malformed")
 
-        def on_task_received(message: Any) -> Any:
-            try:
-                return handle(message)
-            except connection_errors:
-                raise
-            except Exception as exc:
-                drop(message, exc, connection_errors)
-                return None
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        """A task name this worker does not run (not taskloop's: Celery's built-in tasks are
+        unregistered too, worker/app.py): refused, logged escaped and counted."""
+        headers = message.headers if isinstance(getattr(message, "headers", None), dict) else {}
+        log.error("refused a task that is not taskloop's: %s (id %s); only taskloop.* tasks run here",
+                  shown(headers.get("task")), shown(headers.get("id")))
+        metrics.refused("unknown task")
+        super().on_unknown_task(body, message, exc)
 
-        return on_task_received
-
-
-def drop(message: Any, exc: Exception, connection_errors: tuple[type[BaseException], ...]) -> None:
-    """Log a message that could not be handled, on one line, and acknowledge it."""
-    from taskloop.worker.tasks import untrusted
-
-    headers = message.headers if isinstance(getattr(message, "headers", None), dict) else {}
-    log.error("malformed task message dropped: %s: %s (task %s, id %s, content type %s, %s bytes)",
-              type(exc).__name__, untrusted(str(exc)), untrusted(headers.get("task")), untrusted(headers.get("id")),
-              untrusted(getattr(message, "content_type", None)), len(getattr(message, "body", b"") or b""))
-    metrics.refused("malformed")
-    if getattr(message, "acknowledged", False):
-        return
-    try:
-        message.ack()
-    except connection_errors:
-        log.warning("could not acknowledge the dropped message (the broker is away); it may come back")
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        """The broker connection died: Celery is about to drop the phases this worker had prefetched
+        (reserved, or waiting for a retry countdown) but not started. Note them, so that they are
+        sent again as soon as Redis answers (worker/outage.py) instead of after their lease."""
+        running = set(worker_state.active_requests)
+        held = [r for r in (*worker_state.reserved_requests, *worker_state.scheduled_requests) if r not in running]
+        lost = outage.phases_of(held)
+        if lost:
+            log.warning("broker connection lost holding %d prefetched phase(s); they are sent again once Redis "
+                        "is back", len(lost))
+            outage.LOST.note(lost)
+        super().on_connection_error_after_connected(exc)

@@ -22,38 +22,41 @@ import signal as signals
 from dataclasses import dataclass
 from enum import Enum
 
-from taskloop import clock, metrics
-from taskloop.commit import Committed, Sender, commit
-from taskloop.config import Settings
-from taskloop.context import Signal
-from taskloop.definitions import REGISTRY, Task, Workflow
-from taskloop.errors import (
+from taskloop.base import clock
+from taskloop.base.config import Settings
+from taskloop.base.errors import (
     CorruptRecord,
     IncompatibleDefinition,
+    Superseded,
     TaskLoopError,
-    WorkflowBudgetExceeded,
     WorkflowNotRegistered,
 )
-from taskloop.events import Event
-from taskloop.phases import (
+from taskloop.core import fields as fld
+from taskloop.core import outcomes
+from taskloop.core.batch import Batch
+from taskloop.core.events import Event
+from taskloop.core.outcomes import Outcome
+from taskloop.core.phases import (
     ErrorRecord,
     EventKind,
     Phase,
-    PhaseEvent,
     Slot,
-    TaskKind,
     TaskRecord,
     TaskStatus,
     active_state,
 )
-from taskloop.scheduler import OUTCOME_FIELDS, Planner
-from taskloop.store import Batch, Conflict, RedisStore, Snapshot
-from taskloop.store import keys as k
-from taskloop.store.redis_store import dumps_worker
+from taskloop.core.planner import Planner
+from taskloop.core.rules import ENDING_FIELDS
+from taskloop.core.snapshot import Snapshot
+from taskloop.define.context import Signal
+from taskloop.define.tasks import Task, TaskKind
+from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.ops import metrics
+from taskloop.runtime.commit import Committed, Sender, begin, commit, through_outage, write
+from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
-from taskloop.worker import outcomes, recovery
+from taskloop.worker import limiter, recovery
 from taskloop.worker.callbacks import build_context, call_phase, error_record, invoke, phase_fields
-from taskloop.worker.outcomes import Outcome
 from taskloop.worker.watcher import Watcher
 
 log = logging.getLogger("taskloop.executor")
@@ -70,6 +73,7 @@ class Result(str, Enum):
     STALE = "stale"  # refused: the message's round, phase or token is no longer current
     SUPERSEDED = "superseded"  # ran, but another execution took the phase over; outcome discarded
     RECOVERED = "recovered"  # the message re-delivered a lost execution: it was queued again
+    THROTTLED = "throttled"  # a fleet limit holds the phase back: it waits (recorded), its message is done
     DROPPED = "dropped"  # the run or the task does not exist (never started, or expired)
 
 
@@ -83,19 +87,17 @@ class Handled:
     reason: str | None = None
 
 
-class Superseded(TaskLoopError):
-    """The phase record changed while its callback ran: another execution owns it now."""
-
-
 class Executor:
     """Runs phase messages for one worker process."""
 
-    def __init__(self, store: RedisStore, settings: Settings, send: Sender, worker: str) -> None:
+    def __init__(self, store: RedisStore, settings: Settings, send: Sender, worker: str,
+                 resend: limiter.Resend | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send = send
         self.worker = worker
-        self.worker_json = dumps_worker(worker)
+        # sends the messages of phases that waited for a fleet limit (PhaseSender.resend)
+        self.resend: limiter.Resend = resend or getattr(send, "resend", None) or _no_resend
         self.watcher = Watcher(store, settings)
         self.caps = settings.caps()
 
@@ -103,10 +105,10 @@ class Executor:
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> Handled:
         """Process one message."""
         fields = self._fields(phase, key, round)
-        reply = self.store.begin(run_id, key, round, phase.value, token, self.worker_json, clock.now(), fields)
+        reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields)
         snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
-        if snap.fields[k.F_WORKFLOW] is None or snap.fields[k.task_field(key)] is None:
-            what = "run" if snap.fields[k.F_WORKFLOW] is None else f"task {key!r} of run"
+        if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
+            what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
             log.warning("%s %r not found (never started, or expired); dropping %s round %s",
                         what, run_id, phase.value, round)
             self.store.incr_stat("dropped_unknown_run")
@@ -122,19 +124,19 @@ class Executor:
         return self._decide(snap, record, phase, round, token)
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
-        """What a message reads with its begin: the record and run control first (begin.lua's
+        """What a message reads with its begin: the record's fields and the run's control flag first (begin.lua's
         convention), the definition's identity, the callback's data and, for a phase that may end
         its task, the fields of the run's final status. (A prepared begin adds the dependents'
         records that the phase's outcome will need.)"""
-        fields = [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION, k.F_FINGERPRINT,
-                  *phase_fields(phase, key, round)]
+        fields = [*fld.record_fields(key), fld.F_CONTROL, fld.F_WORKFLOW, fld.F_VERSION, fld.F_FINGERPRINT,
+                  fld.throttle_field(key), *phase_fields(phase, key, round)]
         if phase is not Phase.ATTEMPT:  # a check or a plain task may end its task, and then the run
-            fields += OUTCOME_FIELDS
+            fields += ENDING_FIELDS
         return fields
 
     # deciding -------------------------------------------------------------------------------
-    def _workflow(self, snap: Snapshot) -> Workflow:
-        name, version, fingerprint = snap.get(k.F_WORKFLOW), snap.get(k.F_VERSION), snap.get(k.F_FINGERPRINT)
+    def workflow_of(self, snap: Snapshot) -> Workflow:
+        name, version, fingerprint = snap.get(fld.F_WORKFLOW), snap.get(fld.F_VERSION), snap.get(fld.F_FINGERPRINT)
         assert name is not None
         try:
             workflow = REGISTRY.get(name, version or None)
@@ -152,7 +154,7 @@ class Executor:
         """The workflow and task a record runs under; when the definition is not available here
         the run is aborted, and when the record contradicts it the task fails (both recorded)."""
         try:
-            workflow = self._workflow(snap)
+            workflow = self.workflow_of(snap)
         except TaskLoopError as exc:
             return self._abort(snap, ErrorRecord(type=type(exc).__name__, message=str(exc)))
         task = workflow.task(record.key)
@@ -177,6 +179,7 @@ class Executor:
         if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token:
             if recovery.is_redelivery_of_running(record, phase, round, token) and self._lost(snap, record):
                 return self._recover(snap, record)
+            limiter.left_waiting(self.store, snap, record)
             return self._stale(snap, record, phase, round, token)
         found = self._definition(snap, record)
         if isinstance(found, Handled):
@@ -192,7 +195,31 @@ class Executor:
             if isinstance(prepared, Handled):
                 return prepared
             lookup = prepared
-        return self._admit(workflow, task, snap, record, lookup)
+        held: limiter.Held | None = None
+        if task.limits_of(phase.value):
+            room = self._take_room(workflow, task, snap, record)
+            if isinstance(room, Handled):
+                return room
+            held = room
+        try:
+            return self._admit(workflow, task, snap, record, lookup, held)
+        except BaseException:
+            if held is not None:
+                limiter.release(self.store, held, self.resend)
+            raise
+
+    def _take_room(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> limiter.Held | Handled:
+        """Room under the phase's fleet limits, or it waits: noted throttled, its message done (it
+        holds no pool process while it waits). A concurrency key that fails fails the task."""
+        assert record.phase is not None
+        ctx = build_context(self.store, workflow, task, snap, record, Signal(), record.phase, self.caps)
+        room = limiter.take_room(self.store, self.settings, workflow, task, snap, record, ctx)
+        if isinstance(room, limiter.KeyFailed):
+            failed = Outcome(EventKind.FAIL, error=error_record(room.error))
+            return self._commit_outcome(workflow, task, snap, record, failed)
+        if isinstance(room, limiter.Waiting):
+            return Handled(Result.THROTTLED, reason=f"waits for limit {room.limit}")
+        return room
 
     def _lost(self, snap: Snapshot, record: TaskRecord) -> bool:
         """The running execution behind a redelivered message is gone: its lease expired, or its
@@ -225,14 +252,15 @@ class Executor:
                                         found.events)
         if found.hit:
             assert found.value_raw is not None
-            hit = Outcome(EventKind.SUCCEED, {k.value_field(task.key): found.value_raw}, cache_hit=True)
+            hit = Outcome(EventKind.SUCCEED, {fld.value_field(task.key): found.value_raw}, cache_hit=True)
             return self._commit_outcome(workflow, task, snap, record, hit, found.events)
         return found
 
     def _admit(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-               lookup: caching.Lookup | None) -> Handled:
+               lookup: caching.Lookup | None, held: limiter.Held | None = None) -> Handled:
         """Begin the phase with a guarded write of its own (admitted against the budget)."""
         raw = snap.raw_record(task.key)
+        throttled = snap.get(fld.throttle_field(task.key)) is not None
 
         def plan(view: Snapshot) -> Planner:
             if view.raw_record(task.key) != raw or view.control is not None:
@@ -241,23 +269,32 @@ class Executor:
             if lookup is not None:
                 planner.events += lookup.events
                 if lookup.fingerprint is not None:
-                    planner.data[k.fingerprint_field(task.key)] = lookup.fingerprint
+                    planner.data[fld.fingerprint_field(task.key)] = lookup.fingerprint
             planner.admit(task.key, self.worker, task.timeout_ms)
+            if throttled:
+                planner.run_deletes.append(fld.throttle_field(task.key))
             return planner
 
         try:
             committed = commit(self.store, plan, snap, self.send, retry=_not_budget)
         except Superseded:
+            if held is not None:
+                limiter.release(self.store, held, self.resend)
             return self.handle_again(snap, record)
         except TaskLoopError as exc:
             conflict = getattr(exc, "conflict", None)
             if not isinstance(conflict, Conflict) or not conflict.label.startswith("budget:"):
                 raise
-            return self._commit_outcome(workflow, task, snap, record, _budget_spent(workflow, task, record, conflict))
+            if held is not None:
+                limiter.release(self.store, held, self.resend)
+            spent = outcomes.budget_spent(workflow, task, record, conflict.label.removeprefix("budget:"),
+                                          int(conflict.current or 0))
+            return self._commit_outcome(workflow, task, snap, record, spent)
         begun = committed.planner.tasks[task.key]
-        fresh = Snapshot(snap.run_id, {**snap.fields, k.task_field(task.key): begun.dump()},
+        fresh = Snapshot(snap.run_id, {**snap.fields, fld.task_field(task.key): begun.dump(),
+                                       fld.throttle_field(task.key): None},
                          loader=lambda names: self.store.hmget(snap.run_id, names))
-        return self._run(workflow, task, fresh, begun)
+        return self._run(workflow, task, fresh, begun, held)
 
     def handle_again(self, snap: Snapshot, record: TaskRecord) -> Handled:
         """The record moved while this message was being decided on: the message is stale now."""
@@ -265,13 +302,16 @@ class Executor:
         return self._stale(snap, record, phase, record.round, record.token)
 
     # running --------------------------------------------------------------------------------
-    def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> Handled:
+    def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+             held: limiter.Held | None = None) -> Handled:
         phase = record.phase
         assert phase is not None
         signal = Signal()
-        ctx = build_context(self.store, workflow, task, snap, record, signal, phase, self.caps)
+        tokens = limiter.token_counter(self.store, held) if held is not None else None
+        ctx = build_context(self.store, workflow, task, snap, record, signal, phase, self.caps, tokens)
         raw = snap.raw_record(task.key)
         assert raw is not None
+        renew = limiter.slot_renewer(self.store, held) if held is not None else None
 
         def overrun(reason: str) -> None:
             """The callback ignored its signal past the grace period: record for it, then stop it."""
@@ -283,11 +323,17 @@ class Executor:
                       snap.run_id, task.key, phase.value, outcomes.step_name(task, record), reason,
                       handled.result.value, "; stopping this pool process" if hard_stop_allowed else "")
             if hard_stop_allowed:
+                if held is not None:  # the process ends here: the finally below never runs
+                    limiter.release(self.store, held, self.resend)
                 os.kill(os.getpid(), signals.SIGKILL)
 
-        with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun):
-            outcome = call_phase(task, phase, ctx, snap, self.caps)
-        return self._record(workflow, task, snap, record, outcome, signal)
+        try:
+            with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun, renew):
+                outcome = call_phase(task, phase, ctx, snap, self.caps)
+            return self._record(workflow, task, snap, record, outcome, signal)
+        finally:
+            if held is not None:
+                limiter.release(self.store, held, self.resend)
 
     # recording ------------------------------------------------------------------------------
     def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord, outcome: Outcome,
@@ -301,20 +347,23 @@ class Executor:
         if begun.began_at is not None and begun.queued_at is not None:
             exec_info["wait"] = round(begun.began_at - begun.queued_at, 6)
 
+        ended = clock.now()  # the outcome's time, also when Redis is away and it is recorded later
+
         def plan(view: Snapshot) -> Planner:
             if view.raw_record(key) != begun_raw:
                 raise Superseded(f"task {key} was taken over while its phase ran")
             now = clock.now()
-            resolved = outcomes.resolve(task, begun, outcome, signal.reason if signal else None, view.control, now)
+            resolved = outcomes.resolve(task, begun, outcome, signal.reason if signal else None, view.control, ended)
             if not write_back and task.cache is not None and resolved.kind in (EventKind.ACCEPT, EventKind.SUCCEED):
                 write_back.append(self._write_back(task, view, resolved))
             planner = Planner(workflow, view, now, self.settings)
-            planner.exec_info[key] = {**exec_info, "took": round(now - (begun.began_at or now), 6)}
-            planner.outcome(key, _event(resolved, now), resolved.data, [e for e in write_back if e is not None])
+            planner.exec_info[key] = {**exec_info, "took": round(ended - (begun.began_at or ended), 6)}
+            planner.outcome(key, outcomes.phase_event(resolved, now, task), resolved.data,
+                            [e for e in write_back if e is not None])
             return planner
 
         try:
-            committed = commit(self.store, plan, snap, self.send)
+            committed = through_outage(self.store, plan, snap, self.send, self.settings.record_outage_s)
         except Superseded:
             return self._superseded(snap, begun)
         return _handled(committed, key)
@@ -323,27 +372,32 @@ class Executor:
                         outcome: Outcome, extra_events: list[Event] | None = None) -> Handled:
         """Record an outcome decided before any callback ran (skip, cache hit, timeout, cancel, ...)."""
         raw = snap.raw_record(task.key)
+        note = snap.get(fld.throttle_field(task.key))  # it waited for a fleet limit: it leaves the queue
 
         def plan(view: Snapshot) -> Planner:
             if view.raw_record(task.key) != raw:
                 raise Superseded(f"task {task.key} moved on")
             planner = Planner(workflow, view, clock.now(), self.settings)
-            planner.outcome(task.key, _event(outcome, planner.now), outcome.data, extra_events)
+            planner.outcome(task.key, outcomes.phase_event(outcome, planner.now, task), outcome.data, extra_events)
+            if note is not None:
+                planner.run_deletes.append(fld.throttle_field(task.key))
             return planner
 
         try:
             committed = commit(self.store, plan, snap, self.send)
         except Superseded:
             return self.handle_again(snap, record)
+        if note is not None:
+            limiter.leave(self.store, note)
         return _handled(committed, task.key)
 
     def _write_back(self, task: Task, snap: Snapshot, outcome: Outcome) -> Event | None:
         assert task.cache is not None
-        fingerprint = snap.get(k.fingerprint_field(task.key))
+        fingerprint = snap.get(fld.fingerprint_field(task.key))
         if fingerprint is None:
             return None
         store = caching.store_for(task.cache, self.store, self.settings.cache_ttl_s)
-        return caching.write_back(store, task.key, fingerprint, outcome.data[k.value_field(task.key)], clock.now())
+        return caching.write_back(store, task.key, fingerprint, outcome.data[fld.value_field(task.key)], clock.now())
 
     # refusals and recovery ------------------------------------------------------------------
     def _stale(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
@@ -364,12 +418,12 @@ class Executor:
     def _count_refusal(self, run_id: str, name: str) -> None:
         """A refused delivery is a counter, never an event; it never re-creates an expired run."""
         self.store.incr_stat(name)
-        self.store.apply(Batch(run_id).exists(k.F_WORKFLOW, "run exists").incr(k.stat_field(name), 1))
+        write(self.store, Batch(run_id).exists(fld.F_WORKFLOW, "run exists").incr(fld.stat_field(name), 1))
 
     def _recover(self, snap: Snapshot, record: TaskRecord) -> Handled:
         """Do the reconciler's work at once: queue a replay of the lost execution (or give up)."""
         try:
-            workflow = self._workflow(snap)
+            workflow = self.workflow_of(snap)
         except TaskLoopError:
             return Handled(Result.STALE, reason="lost execution left to a worker that has the definition")
         raw = snap.raw_record(record.key)
@@ -392,49 +446,11 @@ class Executor:
         return Handled(Result.RECOVERED, outcome=EventKind.FAIL if after.terminal else EventKind.EXPIRE,
                        error=after.error)
 
-    def hand_back(self, phase: Phase, run_id: str, key: str, round_: int, token: int, worker: str) -> bool:
-        """Give back the phase that ``worker`` (a pool process of this worker, which is shutting
-        down) is running: it is queued again at once, with a new token and a new message, so that
-        another worker replays it without waiting for its lease to expire (see shutdown.py).
-        False when that execution no longer owns the phase (it finished meanwhile, or was taken
-        over), or the run's definition is not available here."""
-        snap = self.store.snapshot(run_id, [k.task_field(key), k.F_CONTROL, k.F_WORKFLOW, k.F_VERSION,
-                                            k.F_FINGERPRINT])
-        if snap.get(k.F_WORKFLOW) is None:
-            return False
-        try:
-            record = snap.record(key)
-            workflow = self._workflow(snap)
-        except TaskLoopError:
-            return False
-        if record is None or record.worker != worker or \
-                not recovery.is_redelivery_of_running(record, phase, round_, token):
-            return False
-        raw = snap.raw_record(key)
-
-        def plan(view: Snapshot) -> Planner:
-            if view.raw_record(key) != raw:
-                raise Superseded(f"task {key} finished or was taken over")
-            planner = Planner(workflow, view, clock.now(), self.settings)
-            took = round(planner.now - record.began_at, 6) if record.began_at is not None else None
-            planner.exec_info[key] = {"handed_back": True, "worker": record.worker, "began": record.began_at,
-                                      "execs": record.execs, "attempt": record.attempts, "took": took}
-            planner.outcome(key, PhaseEvent(EventKind.HAND_BACK, planner.now))
-            return planner
-
-        try:
-            commit(self.store, plan, snap, self.send)
-        except Superseded:
-            return False
-        log.warning("run %r task %r: %s round %s handed back by %s (shutting down); queued again for another worker",
-                    run_id, key, phase.value, round_, worker)
-        return True
-
     def _fail_corrupt(self, snap: Snapshot, key: str, problem: str) -> Handled:
         """A record that does not parse fails its task before any callback runs on it."""
         log.error("%s", problem)
         try:
-            workflow = self._workflow(snap)
+            workflow = self.workflow_of(snap)
         except TaskLoopError as exc:
             return self._abort(snap, ErrorRecord(type=type(exc).__name__, message=str(exc)))
         task = workflow.task(key)
@@ -446,7 +462,7 @@ class Executor:
     def _abort(self, snap: Snapshot, error: ErrorRecord) -> Handled:
         """The run cannot go on here: end it failed with ``error`` (see recovery.py)."""
         log.error("run %r: %s: %s; ending the run", snap.run_id, error.type, error.message)
-        workflow = _placeholder_workflow(snap)
+        workflow = recovery.placeholder_workflow(snap)
 
         def plan(view: Snapshot) -> Planner:
             planner = Planner(workflow, view, clock.now(), self.settings)
@@ -457,26 +473,12 @@ class Executor:
         return Handled(Result.COMMITTED, outcome=EventKind.FAIL, error=error)
 
 
+def _no_resend(waiters: object) -> None:
+    log.warning("no sender for the phases a fleet limit let start; the drainer sends them")
+
+
 def _not_budget(conflict: Conflict) -> bool:
     return not conflict.label.startswith("budget:")
-
-
-def _budget_spent(workflow: Workflow, task: Task, record: TaskRecord, conflict: Conflict) -> Outcome:
-    name = conflict.label.removeprefix("budget:")
-    limit = getattr(workflow.budget, name)
-    error = ErrorRecord(
-        type=WorkflowBudgetExceeded.__name__,
-        message=(f"workflow {workflow.name} spent its budget of {limit} {name.replace('_', ' ')} before "
-                 f"{task.key} {outcomes.step_name(task, record)} could start; raise Budget({name}=...) or "
-                 "need fewer rounds"),
-        details={"budget": name, "limit": limit, "used": int(conflict.current or 0)},
-    )
-    return Outcome(EventKind.FAIL, error=error)
-
-
-def _event(outcome: Outcome, now: float) -> PhaseEvent:
-    return PhaseEvent(outcome.kind, now, error=outcome.error, feedback=outcome.feedback, cache_hit=outcome.cache_hit,
-                      not_before=outcome.retry_at, reason=outcome.reason)
 
 
 def _handled(committed: Committed, key: str) -> Handled:
@@ -486,8 +488,3 @@ def _handled(committed: Committed, key: str) -> Handled:
     if last is not None and last.error is not None and last.status is TaskStatus.FAILED:
         kind = EventKind.FAIL
     return Handled(Result.COMMITTED, outcome=kind, error=record.error if kind else None)
-
-
-def _placeholder_workflow(snap: Snapshot) -> Workflow:
-    """Stands in for a definition that is not available: an abort touches no task."""
-    return Workflow(name=snap.get(k.F_WORKFLOW) or "?", version=snap.get(k.F_VERSION) or "?", tasks=())

@@ -27,18 +27,25 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import asdict, dataclass, fields
 
-from taskloop import clock, metrics
-from taskloop.commit import Sender, commit
-from taskloop.config import Settings, min_lease_s
-from taskloop.definitions import REGISTRY, Workflow
-from taskloop.errors import CommitConflict, CorruptRecord, TaskLoopError
-from taskloop.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, State
-from taskloop.scheduler import CANCEL_PREFIX, Planner
-from taskloop.store import Batch, RedisStore, RunMeta, Snapshot
+from taskloop.base import clock
+from taskloop.base.config import Settings, min_lease_s
+from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core.batch import Batch
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent
+from taskloop.core.planner import Planner
+from taskloop.core.rules import CANCEL_PREFIX
+from taskloop.core.snapshot import RunMeta, Snapshot
+from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.ops import metrics
+from taskloop.runtime.commit import Sender, commit, write
+from taskloop.runtime.gates import settle_gates
 from taskloop.store import keys as k
-from taskloop.worker import recovery
+from taskloop.store.redis_store import RedisStore
+from taskloop.worker import outage, recovery
 
 log = logging.getLogger("taskloop.reconciler")
 
@@ -57,6 +64,8 @@ class Report:
     forgotten: int = 0  # finished or expired runs taken off the live index
     conflicts: int = 0  # another reconciler or worker got there first
     unknown_workflow: int = 0  # definition not importable here: left for a reconciler that has it
+    redis_restarts: int = 0  # Redis restarted since the fleet's last pass (INFO run_id changed)
+    resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
@@ -67,14 +76,17 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times)."""
     now = clock.now() if now is None else now
     report = Report()
+    _after_restart(store, settings, send, report)
     for _ in range(batches):
         due = store.due_runs(now, limit)
         rows = store.run_metas(due)
-        metas = {run_id: RunMeta.from_fields(run_id, dict(zip(k.META_FIELDS, row, strict=True)))
+        metas = {run_id: RunMeta.from_fields(run_id, dict(zip(fld.META_FIELDS, row, strict=True)))
                  for run_id, row in zip(due, rows, strict=True) if row[1] is not None}
         over = [run_id for run_id in due if run_id not in metas or metas[run_id].terminal]
         store.unlive(over)  # finished (or expired) runs leave the live index here, in bulk
         store.count_finished([metas[run_id] for run_id in over if run_id in metas])
+        store.relist([(run_id, metas[run_id].workflow, metas[run_id].stored_status, metas[run_id].created)
+                      for run_id in over if run_id in metas])
         report.forgotten += len(over)
         for run_id, meta in metas.items():
             if meta.terminal:
@@ -92,6 +104,30 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     metrics.reconciled(report)
     return report
+
+
+_NO_INFO: list[str] = []  # said once per process: INFO is refused, restarts are not looked for
+
+
+def _after_restart(store: RedisStore, settings: Settings, send: Sender, report: Report) -> None:
+    """If Redis restarted since the fleet last looked, re-send what may have died with it (outage.py)."""
+    try:
+        started = outage.restarted_at(store)
+    except StoreAccessDenied as exc:
+        if not _NO_INFO:
+            _NO_INFO.append(str(exc))
+            log.warning("reconcile: Redis refuses INFO to this user (%s); a Redis restart is then noticed only "
+                        "through the queued lease (TASKLOOP_QUEUED_LEASE_S): grant +info", exc)
+        return
+    if started is None:
+        return
+    swept = outage.sweep(store, settings, send, sent_before=started)
+    report.redis_restarts += 1
+    report.resent_after_restart += swept.resent
+    report.replayed += swept.replayed
+    log.warning("reconcile: Redis restarted %.1f s ago; re-sent %d queued phase message(s) of %d live run(s), "
+                "replayed %d phase(s) whose process died", clock.now() - started, swept.resent, swept.runs,
+                swept.replayed)
 
 
 def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, meta: RunMeta, now: float,
@@ -121,7 +157,7 @@ def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, meta: Ru
 
 def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workflow: Workflow, run_id: str,
                      key: str, now: float, report: Report) -> None:
-    snap = store.snapshot(run_id, [k.task_field(key), k.F_CONTROL])
+    snap = store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL])
     lease = store.lease_of(run_id, key)
     if lease is None or lease > now:
         report.conflicts += 1  # renewed or settled since the lease list was read
@@ -132,7 +168,7 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
         record = None
     if record is None or (record.state not in QUEUED_STATES and record.state not in RUNNING_STATES):
         raw = snap.raw_record(key)
-        store.apply(Batch(run_id).expect(k.task_field(key), raw).lease(key, None))
+        write(store, Batch(run_id).expect(fld.task_field(key), raw).lease(key, None))
         report.cleaned += 1
         return
     raw = snap.raw_record(key)
@@ -163,21 +199,13 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
 
 def _cancel_gates(store: RedisStore, settings: Settings, send: Sender, workflow: Workflow, run_id: str,
                   report: Report) -> None:
-    snap = store.snapshot(run_id, [k.F_CONTROL, *(k.task_field(g) for g in workflow.gates)])
-
-    def plan(view: Snapshot) -> Planner:
-        planner = Planner(workflow, view, clock.now(), settings)
-        planner.cancel_gates()
-        planner.settle()
-        return planner
-
     try:
-        committed = commit(store, plan, snap, send, attempts=3)
+        report.gates_cancelled += settle_gates(store, settings, send, workflow, run_id, attempts=3)
     except CommitConflict:
         report.conflicts += 1
-        return
-    report.gates_cancelled += sum(1 for key in committed.planner.changed
-                                  if committed.planner.tasks[key].state is State.CANCELLED)
+
+
+LOST_RETRY_S = 0.5  # how often phases lost with a broker connection are tried again while Redis is away
 
 
 class ReconcilerThread:
@@ -201,7 +229,21 @@ class ReconcilerThread:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        next_pass = time.monotonic() + self.interval
+        while not self._stop.is_set():
+            outage.LOST.noted.wait(min(max(next_pass - time.monotonic(), 0.0), LOST_RETRY_S))
+            if self._stop.is_set():
+                return
+            if outage.LOST.noted.is_set():  # this worker's broker connection died holding phases
+                try:
+                    outage.resend_lost(self.store, self.settings, self.send)
+                except Exception:
+                    log.exception("re-sending lost phase messages failed")
+                if outage.LOST.noted.is_set():
+                    self._stop.wait(LOST_RETRY_S)  # Redis is still away: try again shortly
+            if time.monotonic() < next_pass:
+                continue
+            next_pass = time.monotonic() + self.interval
             try:
                 acquired = self.store.client.set(k.RECONCILER_LOCK, self.token, nx=True,
                                                  px=max(int(self.interval * 900), 1))

@@ -17,22 +17,13 @@ import os
 import socket
 import time
 
-from taskloop.definitions import Task
-from taskloop.errors import CorruptRecord, PhaseAbandoned
-from taskloop.phases import (
-    ErrorRecord,
-    EventKind,
-    Phase,
-    PhaseEvent,
-    Slot,
-    TaskKind,
-    TaskRecord,
-    TaskStatus,
-    active_state,
-)
-from taskloop.scheduler import Planner
-from taskloop.store import Snapshot
-from taskloop.store import keys as k
+from taskloop.base.errors import CorruptRecord, PhaseAbandoned
+from taskloop.core import fields as fld
+from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskRecord, TaskStatus, active_state
+from taskloop.core.planner import Planner
+from taskloop.core.snapshot import Snapshot
+from taskloop.define.tasks import Task, TaskKind
+from taskloop.define.workflow import Workflow
 
 
 def process_gone(pid: int) -> bool:
@@ -106,7 +97,7 @@ def inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:
     if task.is_loop and record.limit != task.max_rounds:
         return f"the record allows {record.limit} rounds, the definition {task.max_rounds}"
     if record.phase is Phase.CHECK:
-        raw = snap.get(k.candidate_field(task.key, record.round))
+        raw = snap.get(fld.candidate_field(task.key, record.round))
         if raw is None:
             return f"round {record.round} is in check but has no recorded candidate"
         try:
@@ -114,7 +105,7 @@ def inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:
         except ValueError:
             return f"the candidate of round {record.round} is not JSON"
     if record.phase is Phase.ATTEMPT and record.round > 1:
-        raw = snap.get(k.check_field(task.key, record.round - 1))
+        raw = snap.get(fld.check_field(task.key, record.round - 1))
         try:
             check = json.loads(raw) if raw is not None else None
         except ValueError:
@@ -133,3 +124,8 @@ def stand_in(key: str, kind: TaskKind) -> TaskRecord:
     compares the corrupt bytes, so nobody else can have changed it meanwhile)."""
     return TaskRecord(key=key, kind=kind, status=TaskStatus.ACTIVE,
                       phase=Phase.ATTEMPT if kind is TaskKind.LOOP else Phase.RUN, slot=Slot.QUEUED, round=1)
+
+
+def placeholder_workflow(snap: Snapshot) -> Workflow:
+    """Stands in for a definition that is not available: an abort touches no task."""
+    return Workflow(name=snap.get(fld.F_WORKFLOW) or "?", version=snap.get(fld.F_VERSION) or "?", tasks=())

@@ -25,6 +25,8 @@ all this: leases expire and the reconciler replays, as for a crash.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +34,14 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from taskloop.phases import Phase
+from taskloop.base import clock
+from taskloop.base.errors import Superseded, TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core.phases import EventKind, Phase, PhaseEvent
+from taskloop.core.planner import Planner
+from taskloop.core.snapshot import Snapshot
+from taskloop.runtime.commit import commit
+from taskloop.worker import recovery
 from taskloop.worker.executor import Executor
 
 log = logging.getLogger("taskloop.shutdown")
@@ -72,8 +81,10 @@ class GracefulShutdown:
         if running:
             log.warning("warm shutdown: taking no new phases; %d running get %.1f s (TASKLOOP_SHUTDOWN_GRACE_S) "
                         "to finish before they are handed back", len(running), self.grace_s)
+        # The whole grace period, even when nothing runs now: a message the pool was given as the
+        # shutdown began may start a phase a moment later, and that phase gets its grace too.
         deadline = time.monotonic() + self.grace_s
-        while running_phases() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             time.sleep(0.05)
         for request in running_phases():
             try:
@@ -81,6 +92,27 @@ class GracefulShutdown:
             except Exception:  # a shutdown must go on: the lease still guards the phase
                 log.exception("could not hand back %s %r; its lease will expire and the reconciler replays it",
                               request.name, request.argsrepr)
+        # This thread dies with the process. Still here STUCK_S later, Celery is waiting for a pool
+        # process that does not end (seen once in CI: a message given to the pool as the shutdown
+        # began, after which the pool's join never returned): stop the pool's processes, so that
+        # the worker ends. What they ran is guarded by its lease and fencing token, as after a crash.
+        time.sleep(self.STUCK_S)
+        self.stop_stuck_pool()
+
+    STUCK_S = 10.0  # after the grace period and the hand-backs
+
+    def stop_stuck_pool(self) -> None:
+        pids = [pid for pid in (getattr(self.pool, "info", None) or {}).get("processes", []) if pid]
+        if not pids:
+            return
+        log.warning("warm shutdown: the pool's processes %s have not ended %.0f s after the grace period; "
+                    "stopping them (SIGTERM) so that the worker ends (running now: %d)",
+                    pids, self.STUCK_S, len(running_phases()))
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
 
     def hand_back(self, request: Any) -> bool:
         args = tuple(request.args)
@@ -88,7 +120,7 @@ class GracefulShutdown:
             return False
         run_id, key, round_, token = args
         worker = f"{request.hostname}/{request.worker_pid}"
-        handed = self.executor().hand_back(PHASE_TASKS[request.type], run_id, key, round_, token, worker)
+        handed = hand_back(self.executor(), PHASE_TASKS[request.type], run_id, key, round_, token, worker)
         if not handed:
             return False  # it finished (or was taken over) meanwhile: Celery waits for its process
         self.handed_back += 1
@@ -96,3 +128,44 @@ class GracefulShutdown:
         if self.pool is not None:
             request.terminate(self.pool, signal="SIGTERM")
         return True
+
+
+def hand_back(executor: Executor, phase: Phase, run_id: str, key: str, round_: int, token: int, worker: str) -> bool:
+    """Give back the phase that ``worker`` (a pool process of this worker, which is shutting
+    down) is running: it is queued again at once, with a new token and a new message, so that
+    another worker replays it without waiting for its lease to expire. False when that execution
+    no longer owns the phase (it finished meanwhile, or was taken over), or the run's definition is
+    not available here. (A slot the phase holds under a fleet limit stays with its task: the
+    replay takes it over, worker/limiter.py.)"""
+    store = executor.store
+    snap = store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL, fld.F_WORKFLOW, fld.F_VERSION,
+                                   fld.F_FINGERPRINT])
+    if snap.get(fld.F_WORKFLOW) is None:
+        return False
+    try:
+        record = snap.record(key)
+        workflow = executor.workflow_of(snap)
+    except TaskLoopError:
+        return False
+    if record is None or record.worker != worker or \
+            not recovery.is_redelivery_of_running(record, phase, round_, token):
+        return False
+    raw = snap.raw_record(key)
+
+    def plan(view: Snapshot) -> Planner:
+        if view.raw_record(key) != raw:
+            raise Superseded(f"task {key} finished or was taken over")
+        planner = Planner(workflow, view, clock.now(), executor.settings)
+        took = round(planner.now - record.began_at, 6) if record.began_at is not None else None
+        planner.exec_info[key] = {"handed_back": True, "worker": record.worker, "began": record.began_at,
+                                  "execs": record.execs, "attempt": record.attempts, "took": took}
+        planner.outcome(key, PhaseEvent(EventKind.HAND_BACK, planner.now))
+        return planner
+
+    try:
+        commit(store, plan, snap, executor.send)
+    except Superseded:
+        return False
+    log.warning("run %r task %r: %s round %s handed back by %s (shutting down); queued again for another worker",
+                run_id, key, phase.value, round_, worker)
+    return True

@@ -5,67 +5,33 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError, field_validator
-
-from taskloop import clock, starting
-from taskloop.commit import commit
-from taskloop.definitions import NAME_PATTERN, REGISTRY, is_text
-from taskloop.errors import CommitConflict, TaskLoopError, WorkflowNotRegistered
-from taskloop.phases import QUEUED_STATES
-from taskloop.scheduler import CANCEL_PREFIX, Dispatch, Planner
-from taskloop.store import Snapshot
-from taskloop.store import keys as k
+from taskloop.base import clock
+from taskloop.base.errors import CommitConflict, TaskLoopError, WorkflowNotRegistered
+from taskloop.core import fields as fld
+from taskloop.core.begin import Dispatch
+from taskloop.core.phases import QUEUED_STATES
+from taskloop.core.rules import CANCEL_PREFIX
+from taskloop.define.workflow import REGISTRY
+from taskloop.runtime import starting
+from taskloop.runtime.celery_app import START_TASK
+from taskloop.runtime.gates import settle_gates
+from taskloop.worker import messages
 from taskloop.worker.executor import Executor
 
 log = logging.getLogger("taskloop.starter")
 
 
-class StartMessage(BaseModel):
-    """``taskloop.start`` from any Celery client: kwargs workflow, input, and optionally version
-    and run_id (JSON body; the input is the only user payload taskloop accepts on the queue)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    workflow: StrictStr
-    input: Any = None
-    version: StrictStr | None = None
-    run_id: StrictStr | None = None
-
-    @field_validator("workflow")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value):
-            raise ValueError("workflow is not a workflow name ([A-Za-z0-9][A-Za-z0-9._-]*)")
-        return value
-
-    @field_validator("version")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        if value is not None and not is_text(value):
-            raise ValueError("version must be a non-empty string")
-        return value
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id(cls, value: str | None) -> str | None:
-        if value is not None and not k.RUN_ID_PATTERN.match(value):
-            raise ValueError("run_id does not match the run id pattern")
-        return value
-
-
 def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``taskloop.start``: plan a run recorded by name (one positional arg, its id), or start one
+    (keyword arguments, from any Celery client). A malformed message is refused (messages.py)."""
     if len(args) == 1 and not kwargs and isinstance(args[0], str):
-        run_id = args[0]
-        if not k.RUN_ID_PATTERN.match(run_id):
-            log.error("malformed taskloop.start message dropped: run_id %r is invalid", run_id[:200])
-            return "malformed"
-        return starting.plan_pending(worker.store, worker.send, run_id, worker.settings)
-    try:
-        if args:
-            raise ValueError("pass the run by keyword: workflow=..., input=..., version=..., run_id=...")
-        message = StartMessage(**kwargs)
-    except (ValueError, TypeError, ValidationError) as exc:
-        log.error("malformed taskloop.start message dropped: %r", _first_problem(exc))
-        return "malformed"
+        pending = messages.read(messages.RunMessage, START_TASK, args, kwargs, ("run_id",))
+        if isinstance(pending, str):
+            return pending
+        return starting.plan_pending(worker.store, worker.send, pending.run_id, worker.settings)
+    message = messages.read(messages.StartMessage, START_TASK, args, kwargs)
+    if isinstance(message, str):
+        return message
     try:
         try:
             workflow = REGISTRY.get(message.workflow, message.version)
@@ -83,21 +49,13 @@ def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
     return "started" if started.created else "exists"
 
 
-def _first_problem(exc: Exception) -> str:
-    """The first line of an error about a message, cut short (a validation error quotes the input)."""
-    if isinstance(exc, ValidationError) and exc.errors():
-        first = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:300]
-    return (str(exc).splitlines() or [""])[0][:300]
-
-
 def handle_fanout(worker: Executor, run_id: str, keys: list[str]) -> str:
     """Send the phase messages of the queued tasks among ``keys``, with their current tokens."""
-    snap = worker.store.snapshot(run_id, [k.F_VERSION, *(k.task_field(key) for key in keys)])
+    snap = worker.store.snapshot(run_id, [fld.F_VERSION, *(fld.task_field(key) for key in keys)])
     if not snap.exists:
         return "unknown run"
     try:
-        workflow = REGISTRY.get(snap.get(k.F_WORKFLOW) or "", snap.get(k.F_VERSION) or None)
+        workflow = REGISTRY.get(snap.get(fld.F_WORKFLOW) or "", snap.get(fld.F_VERSION) or None)
     except TaskLoopError as exc:
         log.error("taskloop.dispatch for run %r: %s", run_id, exc)
         return "workflow not registered"
@@ -115,7 +73,7 @@ def handle_fanout(worker: Executor, run_id: str, keys: list[str]) -> str:
 
 def handle_settle(worker: Executor, run_id: str) -> str:
     """End the paused gates of a cancelled run (no message will come for them)."""
-    snap = worker.store.snapshot(run_id, k.META_FIELDS)
+    snap = worker.store.snapshot(run_id, fld.META_FIELDS)
     if not snap.exists:
         return "unknown run"
     meta = snap.meta()
@@ -126,14 +84,8 @@ def handle_settle(worker: Executor, run_id: str) -> str:
     except TaskLoopError:
         return "workflow not registered"
 
-    def plan(view: Snapshot) -> Planner:
-        planner = Planner(workflow, view, clock.now(), worker.settings)
-        planner.cancel_gates()
-        planner.settle()
-        return planner
-
     try:
-        commit(worker.store, plan, snap, worker.send)
+        settle_gates(worker.store, worker.settings, worker.send, workflow, run_id)
     except CommitConflict:
         return "conflict (the reconciler will settle it)"
     return "settled"

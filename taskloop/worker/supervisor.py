@@ -1,6 +1,6 @@
 """The worker supervisor: ``taskloop worker`` runs the Celery worker as a child process and, if it
 dies unexpectedly, starts it again with backoff — a second line of defence. The first is that the
-worker does not die (see kombu_fix.py); the supervisor logs and counts every restart, so that a
+worker does not die (see taskloop/celery_fixes/); the supervisor logs and counts every restart, so that a
 restart is never silent.
 
 Signals are passed on: SIGTERM and SIGINT ask the worker for a warm shutdown (it finishes or
@@ -18,13 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from taskloop import metrics
-
 log = logging.getLogger("taskloop.supervisor")
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a worker that ran this long before dying restarts with the backoff reset
+EXIT_BAD_IMPORT = 78  # EX_CONFIG: the worker could not import a workflow module (not restarted)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 
 
@@ -58,16 +57,27 @@ class Supervisor:
             code = self.child.wait()
             if self._stopping.is_set() or code == 0:
                 return code
+            if code == EXIT_BAD_IMPORT:
+                log.error("the Celery worker could not import a workflow module (above); not restarting it")
+                return code
             self.restarts += 1
             if time.monotonic() - started >= HEALTHY_AFTER_S:
                 backoff = BACKOFF_START_S
             log.error("the Celery worker (pid %s) exited unexpectedly with code %s; restart %s in %.0f s",
                       self.child.pid, code, self.restarts, backoff)
             self.on_restart(code)
+            from taskloop.ops import metrics  # prometheus-client, loaded by a supervisor only when needed
+
             metrics.restarted()
             if self._stopping.wait(backoff):
                 return code
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+
+def cannot_import(name: str, exc: BaseException) -> str:
+    """What ``taskloop`` says of a workflow module it cannot import (the CLI and the worker alike)."""
+    return (f"cannot import workflow module {name!r}: {exc}; run from the directory that contains it or add that "
+            "directory to PYTHONPATH")
 
 
 def exit_code(code: int) -> int:

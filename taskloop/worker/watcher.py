@@ -22,14 +22,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from taskloop import clock
-from taskloop.config import Settings
-from taskloop.context import Signal
-from taskloop.errors import StoreUnavailable
-from taskloop.phases import lease_until
-from taskloop.scheduler import control_reason
-from taskloop.store import Batch, Conflict, RedisStore
-from taskloop.store import keys as k
+from taskloop.base import clock
+from taskloop.base.config import Settings
+from taskloop.base.errors import StoreUnavailable
+from taskloop.core import fields as fld
+from taskloop.core.batch import Batch
+from taskloop.core.phases import lease_until
+from taskloop.core.rules import control_reason
+from taskloop.define.context import Signal
+from taskloop.runtime.commit import write
+from taskloop.store.redis_store import Conflict, RedisStore
 
 log = logging.getLogger("taskloop.watcher")
 
@@ -45,6 +47,7 @@ class _Watch:
     renewed_at: float
     polled_at: float = 0.0
     overran: bool = False
+    renew: Callable[[float], None] | None = None  # renews what else the phase holds until then (limit slots)
 
 
 class Watcher:
@@ -59,11 +62,12 @@ class Watcher:
 
     @contextmanager
     def watch(self, run_id: str, key: str, raw_record: str, signal: Signal, deadline: float | None,
-              overrun: Callable[[str], None]) -> Iterator[None]:
+              overrun: Callable[[str], None], renew: Callable[[float], None] | None = None) -> Iterator[None]:
         watch_id = next(self._ids)
         with self._lock:
             now = clock.now()
-            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, now, polled_at=now)
+            self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, now, polled_at=now,
+                                             renew=renew)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="taskloop-watcher", daemon=True)
                 self._thread.start()
@@ -104,16 +108,18 @@ class Watcher:
             watch.signal.set("timeout")
         if now - watch.polled_at >= self.settings.watch_interval_s:
             watch.polled_at = now
-            (control,) = self.store.hmget(watch.run_id, [k.F_CONTROL])
+            (control,) = self.store.hmget(watch.run_id, [fld.F_CONTROL])
             reason = control_reason(control)
             if reason is not None:
                 watch.signal.set(reason)
         lease = self.settings.running_lease_s
         if now - watch.renewed_at >= lease / 3:
             until = lease_until(now, watch.deadline, lease, self.settings.timeout_grace_s)
-            batch = Batch(watch.run_id).expect(k.task_field(watch.key), watch.raw_record).lease(watch.key, until)
-            if isinstance(self.store.apply(batch), Conflict):
+            batch = Batch(watch.run_id).expect(fld.task_field(watch.key), watch.raw_record).lease(watch.key, until)
+            if isinstance(write(self.store, batch), Conflict):
                 watch.signal.set("superseded")
+            elif watch.renew is not None:
+                watch.renew(until)
             watch.renewed_at = now
         if watch.overran or not watch.signal.cancelled or watch.signal.reason == "superseded":
             return

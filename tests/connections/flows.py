@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import taskloop as tl
-from taskloop import connections
+from taskloop.connections import clients
 from tests.integration import control_flows, flows
 
 _client: Any = None
@@ -20,7 +20,7 @@ _client_pid: int | None = None
 def _redis() -> Any:
     global _client, _client_pid
     if _client is None or _client_pid != os.getpid():
-        _client = connections.store_client(os.environ["TASKLOOP_REDIS_URL"], retries=10)
+        _client = clients.store_client(os.environ["TASKLOOP_REDIS_URL"], retries=10)
         _client_pid = os.getpid()
     return _client
 

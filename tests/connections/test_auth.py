@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from taskloop import connections
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.connections import StoreAccessDenied
-from taskloop.embedded import free_port
-from taskloop.store import RedisStore
+from taskloop.base.config import Settings
+from taskloop.base.errors import StoreAccessDenied
+from taskloop.connections import clients, errors
+from taskloop.ops.embedded import free_port
+from taskloop.runtime.client import TaskLoop
+from taskloop.store.redis_store import RedisStore
 from tests.connections.test_tls import broker_round_trip, settings_for
-from tests.servers import Node, Worker, base_args
+from tests.servers import Node, base_args
+from tests.workers import WorkerProcess
 
 DEFAULT_PASSWORD = "d3fault-pw"
 # The ACL lines docs/operations.md recommends: the store's keys only, and the broker's.
@@ -68,11 +69,11 @@ def test_acl_user_in_the_url(server: Node) -> None:
 @pytest.mark.parametrize("auth", ["wrong-pw", "nobody:wrong-pw", "tlstore:wrong-pw"])
 def test_refused_credentials_are_described_as_such(server: Node, auth: str) -> None:
     address = url(server, auth=(auth if ":" in auth else f":{auth}") + "@")
-    client = connections.store_client(address, retries=0)
+    client = clients.store_client(address, retries=0)
     with pytest.raises(redis.exceptions.AuthenticationError) as info:
         client.ping()
     client.close()
-    error = connections.describe(info.value, address)
+    error = errors.describe(info.value, address)
     assert isinstance(error, StoreAccessDenied)
     assert "refused taskloop's credentials" in str(error) and "cannot reach" not in str(error)
     assert "wrong-pw" not in str(error)
@@ -80,20 +81,20 @@ def test_refused_credentials_are_described_as_such(server: Node, auth: str) -> N
 
 def test_noperm_is_described_as_such(server: Node) -> None:
     address = url(server, "reader:r3ader-pw@")
-    client = connections.store_client(address, retries=0)
+    client = clients.store_client(address, retries=0)
     try:
         assert client.hgetall("tl:stats") is not None  # reads are allowed
         with pytest.raises(redis.exceptions.NoPermissionError) as info:
             client.hincrby("tl:stats", "x", 1)
     finally:
         client.close()
-    error = connections.describe(info.value, address)
+    error = errors.describe(info.value, address)
     assert isinstance(error, StoreAccessDenied)
     assert "does not let ACL user 'reader'" in str(error) and "r3ader-pw" not in str(error)
 
 
 def test_the_store_reports_access_denied(server: Node) -> None:
-    """Needs RedisStore._wrap to go through connections.describe (the proposed change)."""
+    """Needs RedisStore._wrap to go through errors.describe (the proposed change)."""
     store = RedisStore(url(server, ":wrong-pw@"), retries=0)
     try:
         with pytest.raises(StoreAccessDenied, match="refused taskloop's credentials") as info:
@@ -112,11 +113,11 @@ def test_the_store_reports_access_denied(server: Node) -> None:
 def test_worker_with_separate_acl_users(server: Node, tmp_path: Path) -> None:
     """A worker whose store and broker are the same Redis under two ACL users (the recommended
     lines above). The outbox stays off: it would push the broker's messages as the store's user."""
-    from taskloop.app import PhaseSender
+    from taskloop.runtime.celery_app import PhaseSender
     from tests.integration import flows
 
     store_url, broker_url = url(server, "tlstore:st0re-pw@"), url(server, "tlbroker:br0ker-pw@")
-    worker = Worker(store_url, broker_url, ["tests.connections.flows"], tmp_path)
+    worker = WorkerProcess(store_url, ["tests.connections.flows"], tmp_path / "w1.log", broker_url=broker_url)
     client = TaskLoop(config=Settings(redis_url=store_url, broker_url=broker_url))
     try:
         assert not PhaseSender(client.app, store_url).folds
@@ -138,12 +139,36 @@ def test_a_command_denied_inside_a_script_is_access_denied(server: Node) -> None
 
     with server.client(password=DEFAULT_PASSWORD) as admin:
         admin.execute_command("ACL", "SETUSER", "noxadd", "on", ">n0xadd-pw", "~tl:*", "+@read", "+@scripting",
-                              "+@connection", "+hset", "+hincrby", "+zadd", "+expire")
+                              "+@connection", "+hset", "+hincrby", "+zadd", "+expire", "+set")
     store_url = url(server, "noxadd:n0xadd-pw@")
     client = TaskLoop(config=Settings(redis_url=store_url, broker_url=url(server, "tlbroker:br0ker-pw@")))
     try:
         with pytest.raises(StoreAccessDenied, match="does not let ACL user 'noxadd'") as info:
             client.start(flows.core, input={})
         assert "n0xadd-pw" not in str(info.value) and "can't run this command" in str(info.value)
+    finally:
+        client.close()
+
+
+def test_a_user_without_set_starts_runs_by_definition_without_their_shape(
+        server: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """The shape a start publishes for the UI is the only SET a producer sends: a producer whose
+    ACL user lacks it (ops/redis/users.acl's client) still starts its runs, and says why the shape
+    is missing."""
+    from tests.integration import flows
+
+    with server.client(password=DEFAULT_PASSWORD) as admin:
+        admin.execute_command("ACL", "SETUSER", "noset", "on", ">n0set-pw", "~tl:*", "+@all", "-@dangerous", "-set")
+        for key in admin.keys("tl:shape:*"):  # what earlier tests on this server published
+            admin.delete(key)
+    store_url = url(server, "noset:n0set-pw@")
+    client = TaskLoop(config=Settings(redis_url=store_url, broker_url=url(server, "tlbroker:br0ker-pw@")))
+    try:
+        with caplog.at_level("WARNING", logger="taskloop.shapes"):
+            run = client.start(flows.core, input={})
+        assert client.inspect(run.run_id).status in ("pending", "running")
+        assert "is not published" in caplog.text and "+set" in caplog.text and "n0set-pw" not in caplog.text
+        with server.client(password=DEFAULT_PASSWORD) as admin:
+            assert not admin.keys("tl:shape:*")
     finally:
         client.close()

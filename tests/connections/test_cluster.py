@@ -10,16 +10,20 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from taskloop import config, connections
-from taskloop.app import PhaseSender
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.embedded import RedisServer
-from taskloop.store import RedisStore
+from taskloop.base import config
+from taskloop.base.config import Settings
+from taskloop.base.errors import ConnectionConfigError
+from taskloop.connections import clients
+from taskloop.core import fields as fld
+from taskloop.core.batch import Batch, Index
+from taskloop.ops.embedded import RedisServer
+from taskloop.runtime.celery_app import PhaseSender
+from taskloop.runtime.client import TaskLoop
 from taskloop.store import keys as k
-from taskloop.store.batch import Batch
+from taskloop.store.redis_store import RedisStore
 from tests.ledger import ledger_problems
-from tests.servers import Cluster, Worker
+from tests.servers import Cluster
+from tests.workers import WorkerProcess
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +49,10 @@ def settings(cluster: Cluster, broker: RedisServer) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def worker(cluster: Cluster, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    proc = Worker(cluster.url, broker.url, ["tests.connections.flows"], tmp_path_factory.mktemp("cluster-workers"),
-                  concurrency=2, env={"TASKLOOP_RECONCILE_INTERVAL_S": "1"})
+def worker(cluster: Cluster, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    logfile = tmp_path_factory.mktemp("cluster-workers") / "w1.log"
+    proc = WorkerProcess(cluster.url, ["tests.connections.flows"], logfile, broker_url=broker.url,
+                         env={"TASKLOOP_RECONCILE_INTERVAL_S": "1"})
     try:
         yield proc.ready()
     finally:
@@ -66,13 +71,13 @@ def test_the_store_client_is_a_cluster_client(cluster: Cluster) -> None:
     try:
         assert isinstance(store.client, redis.cluster.RedisCluster)
         assert len(store.client.get_primaries()) == 3
-        assert connections.client_timeout(store.client) == 5.0
+        assert clients.client_timeout(store.client) == 5.0
     finally:
         store.close()
 
 
 def test_a_cluster_cannot_be_the_broker(cluster: Cluster) -> None:
-    with pytest.raises(connections.ConnectionConfigError, match="cannot be a Redis Cluster"):
+    with pytest.raises(ConnectionConfigError, match="cannot be a Redis Cluster"):
         TaskLoop(config=Settings(redis_url=cluster.url, broker_url=cluster.url)).app  # noqa: B018
 
 
@@ -88,20 +93,22 @@ def test_every_store_method_on_the_cluster(cluster: Cluster) -> None:
         store.client.script_flush()  # the first cas.lua call must load it on the node that owns the slot
         for n, run_id in enumerate(run_ids):
             batch = Batch(run_id)
-            batch.expect(k.F_STATUS, None, "new run").set(k.F_STATUS, "running").set(k.F_WORKFLOW, "probe")
-            batch.set(k.F_CREATED, str(1000 + n)).lease("a", 5000.0 + n)
-            batch.indexes += [(k.RUNS_INDEX, run_id, 1000.0 + n), (k.LIVE_INDEX, run_id, 2000.0 + n)]
+            batch.expect(fld.F_STATUS, None, "new run").set(fld.F_STATUS, "running").set(fld.F_WORKFLOW, "probe")
+            batch.set(fld.F_CREATED, str(1000 + n)).lease("a", 5000.0 + n)
+            batch.indexes += [(Index.LIVE, run_id, 2000.0 + n)]
+            batch.list_run("probe", "running", 1000.0 + n, new=True)
             assert store.apply(batch).__class__.__name__ == "Applied"
             again = Batch(run_id)
-            again.expect(k.F_STATUS, None, "new run").set(k.F_STATUS, "x")
+            again.expect(fld.F_STATUS, None, "new run").set(fld.F_STATUS, "x")
             assert store.apply(again).__class__.__name__ == "Conflict"
         first = run_ids[0]
-        assert store.hmget(first, [k.F_STATUS, k.F_WORKFLOW]) == ["running", "probe"]
+        assert store.hmget(first, [fld.F_STATUS, fld.F_WORKFLOW]) == ["running", "probe"]
         assert store.scan_fields(first, "st") == {"status": "running"}
-        assert store.all_fields(first)[k.F_WORKFLOW] == "probe"
+        assert store.all_fields(first)[fld.F_WORKFLOW] == "probe"
         assert store.leases(first, 10_000.0) == [("a", 5000.0)]
         assert store.lease_of(first, "a") == 5000.0 and store.first_lease(first) == 5000.0
-        assert store.run_ids(100) == list(reversed(run_ids))
+        assert store.run_ids(100) == list(reversed(run_ids))  # the lists, written after the script
+        assert store.list_page("running", "probe", 0, 5) == (list(reversed(run_ids))[:5], len(run_ids))
         assert sorted(store.run_ids_with_prefix("cl-1", limit=10)) == ["cl-1", "cl-10", "cl-11"]
         assert [meta[1] for meta in store.run_metas(run_ids)] == ["probe"] * len(run_ids)
         assert store.due_runs(2005.0, 100) == run_ids[:6]
@@ -110,29 +117,33 @@ def test_every_store_method_on_the_cluster(cluster: Cluster) -> None:
         store.unlive(run_ids[:2])
         assert store.live_count() == len(run_ids) - 2
         store.incr_usage(first, {"attempts": 2})
-        assert store.hmget(first, [k.usage_field("attempts")]) == ["2"]
+        assert store.hmget(first, [fld.usage_field("attempts")]) == ["2"]
         store.incr_stat("cluster_probe")
         assert store.stats()["cluster_probe"] == "1"
         store.note_reconcile(json.dumps({"ok": True}))
         assert store.last_reconcile() == '{"ok": true}'
+        store.relist([(run_ids[5], "probe", "done", 1005.0)])  # the reconciler's repair of a finished run
+        assert store.list_page("done", "probe", 0, 5) == ([run_ids[5]], 1)
+        assert store.list_page("running", None, 0, 100)[1] == len(run_ids) - 1
+        assert store.listed_workflows() == ["probe"]
         assert store.trim_runs_index(1003.0) == 4
-        store.forget_runs(run_ids[4:6])
-        assert len(store.run_ids(100)) == len(run_ids) - 6
+        assert store.list_page("running", "probe", 0, 100)[1] == len(run_ids) - 5  # trimmed with the index
+        assert len(store.run_ids(100)) == len(run_ids) - 4
         # blocking reads on the node of the run's slot
         assert store.block_end(first, 50) is False
         store.client.rpush(k.RunKeys.of(first).end, "done")
         assert store.block_end(first, 50) is True and store.block_end(first, 50) is True
         assert store.block_events(first, "0-0", 50) == []
-        connections.disconnect(store._blocking)  # what _block does after a read outlived its timeout
+        clients.disconnect(store._blocking)  # what _block does after a read outlived its timeout
         assert store.block_end(first, 50) is True
         # the begin script (begin.lua): nothing prepared, so it only reads the asked-for fields
-        reply = store.begin(first, "a", 1, "attempt", 0, '"w"', 1.0, [k.F_STATUS])
-        assert not reply.began and reply.fields[k.F_STATUS] == "running"
+        reply = store.begin(first, "a", 1, "attempt", 0, '"w"', 1.0, [fld.F_STATUS])
+        assert not reply.began and reply.fields[fld.F_STATUS] == "running"
     finally:
         store.close()
 
 
-def test_workflows_end_to_end(worker: Worker, client: TaskLoop) -> None:
+def test_workflows_end_to_end(worker: WorkerProcess, client: TaskLoop) -> None:
     from tests.integration import flows
 
     started = time.monotonic()
@@ -159,7 +170,7 @@ def test_workflows_end_to_end(worker: Worker, client: TaskLoop) -> None:
     assert worker.alive()
 
 
-def test_cancel(worker: Worker, client: TaskLoop) -> None:
+def test_cancel(worker: WorkerProcess, client: TaskLoop) -> None:
     from tests.integration import flows
 
     handle = client.start(flows.sleeper, input={"seconds": 30})
@@ -173,7 +184,7 @@ def test_cancel(worker: Worker, client: TaskLoop) -> None:
     assert ledger_problems(client.events(handle.run_id)) == []
 
 
-def test_gate_decided(worker: Worker, client: TaskLoop) -> None:
+def test_gate_decided(worker: WorkerProcess, client: TaskLoop) -> None:
     from tests.integration import control_flows as cf
 
     handle = client.start(cf.gated_flow, input={})
@@ -186,7 +197,7 @@ def test_gate_decided(worker: Worker, client: TaskLoop) -> None:
     assert result.status == "done" and result.values["publish"] == "published first draft"
 
 
-def test_reconcile_pass(worker: Worker, client: TaskLoop, settings: Settings) -> None:
+def test_reconcile_pass(worker: WorkerProcess, client: TaskLoop, settings: Settings) -> None:
     from taskloop.worker.reconciler import reconcile
 
     store = RedisStore(settings.redis_url)

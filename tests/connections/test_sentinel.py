@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from taskloop import config, connections
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.errors import StoreUnavailable
-from taskloop.store import RedisStore
+from taskloop.base import config
+from taskloop.base.config import Settings
+from taskloop.base.errors import StoreUnavailable
+from taskloop.connections import errors, sentinel
+from taskloop.runtime.client import TaskLoop
 from taskloop.store import keys as k
+from taskloop.store.redis_store import RedisStore
 from tests.connections.test_tls import broker_round_trip, settings_for
 from tests.ledger import ledger_problems
-from tests.servers import SentinelGroup, Worker
+from tests.servers import SentinelGroup
+from tests.workers import WorkerProcess
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +62,11 @@ def test_store_through_sentinel(group: SentinelGroup, monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("fixed", [False, True])
 def test_redis_py_sentinel_reconnect_gap(group: SentinelGroup, fixed: bool) -> None:
-    """Why connections.SentinelConnection exists: redis-py's SentinelManagedConnection, once
+    """Why sentinel.SentinelConnection exists: redis-py's SentinelManagedConnection, once
     dropped, reconnects (send_packed_command -> connect_check_health) to the address it had, without
     asking Sentinel. Simulated here by a cached address that is no longer the master's (the
     replica's). If the unfixed case starts to pass, redis-py has closed the gap: drop the class."""
-    connection_class = connections.SentinelConnection if fixed else redis.sentinel.SentinelManagedConnection
+    connection_class = sentinel.SentinelConnection if fixed else redis.sentinel.SentinelManagedConnection
     manager = redis.sentinel.Sentinel([("127.0.0.1", s.port) for s in group.sentinels])
     pool = redis.sentinel.SentinelConnectionPool(group.name, manager, connection_class=connection_class,
                                                  decode_responses=True)
@@ -86,7 +88,7 @@ def test_unknown_master_is_described(group: SentinelGroup) -> None:
     try:
         with pytest.raises(StoreUnavailable) as info:
             store.stats()
-        described = connections.describe(info.value.__cause__ or info.value, url)
+        described = errors.describe(info.value.__cause__ or info.value, url)
         assert "no Redis Sentinel at sentinel://" in str(described) and "'nosuch'" in str(described)
     finally:
         store.close()
@@ -115,7 +117,7 @@ def test_worker_rides_out_a_failover(group: SentinelGroup, tmp_path: Path) -> No
     from tests.integration import flows
 
     env = {"TASKLOOP_RECONCILE_INTERVAL_S": "1", "TASKLOOP_QUEUED_LEASE_S": "3", "TASKLOOP_LEASE_S": "3"}
-    worker = Worker(group.url, group.url, ["tests.connections.flows"], tmp_path, concurrency=2, env=env)
+    worker = WorkerProcess(group.url, ["tests.connections.flows"], tmp_path / "w1.log", broker_url=group.url, env=env)
     client = TaskLoop(config=Settings(redis_url=group.url, broker_url=group.url, reconcile_interval_s=1.0,
                                       queued_lease_s=3.0, running_lease_s=3.0))  # the worker's settings
     try:

@@ -13,13 +13,15 @@ import kombu.exceptions
 import pytest
 import redis
 
-from taskloop import config, connections
-from taskloop.app import make_app
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.errors import StoreUnavailable
-from taskloop.store import RedisStore
-from tests.servers import Node, TLSFiles, Worker, make_tls_files, tls_node
+from taskloop.base import config
+from taskloop.base.config import Settings
+from taskloop.base.errors import StoreUnavailable
+from taskloop.connections import errors
+from taskloop.runtime.celery_app import make_app
+from taskloop.runtime.client import TaskLoop
+from taskloop.store.redis_store import RedisStore
+from tests.servers import Node, TLSFiles, make_tls_files, tls_node
+from tests.workers import WorkerProcess
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,7 @@ def test_store_refuses_an_unverified_certificate(server: Node, tls_files: TLSFil
         with pytest.raises(StoreUnavailable, match="CERTIFICATE_VERIFY_FAILED") as info:
             store.stats()
         assert "s3cret" not in str(info.value)
-        described = connections.describe(info.value.__cause__ or info.value, url)
+        described = errors.describe(info.value.__cause__ or info.value, url)
         assert "cannot verify the TLS certificate" in str(described) and "TASKLOOP_TLS_CA" in str(described)
     finally:
         store.close()
@@ -196,7 +198,8 @@ def test_worker_runs_a_workflow_over_tls(server: Node, tls_files: TLSFiles, tmp_
     url = f"rediss://127.0.0.1:{server.port}/0"
     monkeypatch.setenv("TASKLOOP_TLS_CA", str(tls_files.ca))
     config.reset()
-    worker = Worker(url, url, ["tests.connections.flows"], tmp_path, env={"TASKLOOP_TLS_CA": str(tls_files.ca)})
+    worker = WorkerProcess(url, ["tests.connections.flows"], tmp_path / "w1.log", broker_url=url,
+                           env={"TASKLOOP_TLS_CA": str(tls_files.ca)})
     client = TaskLoop(url, url)
     try:
         worker.ready()

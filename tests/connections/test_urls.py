@@ -9,11 +9,14 @@ import kombu
 import pytest
 import redis
 
-from taskloop import connections
-from taskloop.app import make_app
-from taskloop.config import Settings
-from taskloop.connections import ConnectionConfigError, StoreAccessDenied, broker_settings, parse, redact
-from taskloop.errors import StoreUnavailable
+from taskloop.base.config import Settings
+from taskloop.base.errors import ConnectionConfigError, StoreAccessDenied, StoreUnavailable
+from taskloop.celery_fixes import transport
+from taskloop.connections import clients, errors
+from taskloop.connections.broker import broker_settings
+from taskloop.connections.sentinel import SentinelConnection
+from taskloop.connections.urls import parse, redact
+from taskloop.runtime.celery_app import make_app
 
 
 def cfg(**kwargs: object) -> Settings:
@@ -146,34 +149,34 @@ def test_opt_outs() -> None:
 def test_insecure_client_logs_a_warning_each_time(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="taskloop.connections")
     for _ in range(2):
-        connections.store_client("rediss://:s3cret@127.0.0.1:1/0", config=cfg(tls_insecure=True)).close()
+        clients.store_client("rediss://:s3cret@127.0.0.1:1/0", config=cfg(tls_insecure=True)).close()
     warnings = [r for r in caplog.records if "verification is OFF" in r.getMessage()]
     assert len(warnings) == 2
     assert "TASKLOOP_TLS_INSECURE=1" in warnings[0].getMessage() and "s3cret" not in caplog.text
     caplog.clear()
-    connections.store_client("rediss://127.0.0.1:1/0", config=cfg()).close()
+    clients.store_client("rediss://127.0.0.1:1/0", config=cfg()).close()
     assert not caplog.records
 
 
 def test_store_client_kinds() -> None:
-    plain = connections.store_client("redis://bob:pw@127.0.0.1:1/3?", config=cfg())
+    plain = clients.store_client("redis://bob:pw@127.0.0.1:1/3?", config=cfg())
     kwargs = plain.get_connection_kwargs()
     assert (kwargs["username"], kwargs["password"], kwargs["db"], kwargs["decode_responses"]) == ("bob", "pw", 3, True)
     assert plain.connection_pool.connection_class is redis.Connection
     plain.close()
-    secure = connections.store_client("rediss://127.0.0.1:1/0?ssl_ca_certs=/ca.pem", config=cfg())
+    secure = clients.store_client("rediss://127.0.0.1:1/0?ssl_ca_certs=/ca.pem", config=cfg())
     assert secure.connection_pool.connection_class is redis.SSLConnection
     assert secure.get_connection_kwargs()["ssl_ca_certs"] == "/ca.pem"
     secure.close()
-    sentinel = connections.store_client("sentinel://127.0.0.1:1/2?master=m&password=pw", single_connection=False,
-                                        config=cfg())
-    assert isinstance(sentinel.connection_pool, redis.sentinel.SentinelConnectionPool)
-    assert sentinel.connection_pool.connection_class is connections.SentinelConnection
-    assert sentinel.connection_pool.service_name == "m"
-    assert sentinel.get_connection_kwargs()["password"] == "pw"
-    assert sentinel.get_connection_kwargs()["db"] == 2
-    assert connections.client_timeout(sentinel) == 5.0
-    sentinel.close()
+    managed = clients.store_client("sentinel://127.0.0.1:1/2?master=m&password=pw", single_connection=False,
+                                   config=cfg())
+    assert isinstance(managed.connection_pool, redis.sentinel.SentinelConnectionPool)
+    assert managed.connection_pool.connection_class is SentinelConnection
+    assert managed.connection_pool.service_name == "m"
+    assert managed.get_connection_kwargs()["password"] == "pw"
+    assert managed.get_connection_kwargs()["db"] == 2
+    assert clients.client_timeout(managed) == 5.0
+    managed.close()
 
 
 # --- the broker -----------------------------------------------------------------------------------
@@ -234,10 +237,11 @@ def test_make_app_uses_the_broker_settings() -> None:
     assert app.conf.broker_use_ssl["ssl_cert_reqs"] == ssl.CERT_REQUIRED
     assert app.conf.broker_transport_options["visibility_timeout"] == 3600
     conn = app.connection_for_write()
-    assert conn.ssl["ssl_ca_certs"] == "/ca.pem" and conn.transport_cls == "rediss"
+    # kombu's Redis transport with taskloop's fixes (taskloop/celery_fixes/transport.py), over TLS
+    assert conn.ssl["ssl_ca_certs"] == "/ca.pem" and conn.transport_cls == transport.TRANSPORT
     sentinel = make_app(cfg(broker_url="sentinel://s1:1,s2:2/0?master=m"))
     assert sentinel.conf.broker_transport_options["master_name"] == "m"
-    assert sentinel.connection_for_write().transport_cls == "sentinel"
+    assert sentinel.connection_for_write().transport_cls == transport.SENTINEL_TRANSPORT
     with pytest.raises(ConnectionConfigError):
         make_app(cfg(broker_url="redis+cluster://h:7000"))
 
@@ -253,7 +257,7 @@ def test_make_app_uses_the_broker_settings() -> None:
     ("amqp://h//", "redis://h/0", False),
 ])
 def test_same_redis(broker: str, store: str, same: bool) -> None:
-    from taskloop import outbox
+    from taskloop.runtime import outbox
 
     assert outbox.same_redis(broker, store) is same
 
@@ -278,7 +282,7 @@ URL = "redis://alice:s3cret@h:6379/0"
     (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), StoreUnavailable, "Redis Cluster"),
 ])
 def test_describe(exc: Exception, cls: type[Exception], message: str) -> None:
-    error = connections.describe(exc, URL)
+    error = errors.describe(exc, URL)
     assert type(error) is cls
     assert error.args[0].count("s3cret") == 0
     import re
@@ -287,5 +291,5 @@ def test_describe(exc: Exception, cls: type[Exception], message: str) -> None:
 
 
 def test_describe_scrubs_a_password_echoed_by_the_exception() -> None:
-    error = connections.describe(redis.exceptions.ConnectionError("bad auth s3cret"), URL)
+    error = errors.describe(redis.exceptions.ConnectionError("bad auth s3cret"), URL)
     assert "s3cret" not in str(error)

@@ -29,10 +29,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskloop.client import CancelResult, TaskLoop
-from taskloop.errors import RunNotFound
-from taskloop.events import Event
-from taskloop.models import executions
+from taskloop.base.errors import RunNotFound
+from taskloop.core.events import Event
+from taskloop.runtime.client import CancelResult, TaskLoop
+from taskloop.runtime.models import executions
 from tests.faults import soak_flows
 from tests.faults.injectors import KINDS, RECOVERING, Fault
 from tests.ledger import ledger_problems

@@ -3,7 +3,8 @@
 Every execution announces itself in ``fault:running`` (pid -> what it runs) while it works, so
 the injector can pick a process that is inside a callback, and logs itself in ``fault:execs``.
 The test Redis client retries for about three minutes, so that the callbacks survive a Redis
-restart and the 60 s outage.
+restart and the 60 s outage. It talks to ``FAULT_PROBE_URL`` when set (the proxy tests: the
+workers' Redis goes through tests/proxy.py, the test's own bookkeeping does not).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def probe() -> redis.Redis:
     global _client, _pid
     if _client is None or _pid != os.getpid():
         _client = redis.Redis.from_url(
-            os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
+            os.environ.get("FAULT_PROBE_URL") or os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 180),  # rides out a 60 s outage
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         )
@@ -43,7 +44,7 @@ def _work(ctx: tl.TaskContext, phase: str, round: int) -> None:
     r.hset("fault:running", str(os.getpid()), json.dumps(me))
     if ctx.input.get("suicide") == phase:
         os.kill(os.getpid(), signal.SIGKILL)  # a phase that always kills its worker process
-    time.sleep(ctx.input.get("hold_s", 0.3))
+    time.sleep(ctx.input.get(f"{phase}_hold_s", ctx.input.get("hold_s", 0.3)))
     r.hdel("fault:running", str(os.getpid()))
 
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import redis
 
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
-from taskloop.errors import StoreUnavailable
-from taskloop.models import executions
-from taskloop.worker.recovery import process_gone
+from taskloop.base.config import Settings
+from taskloop.base.errors import StoreUnavailable
+from taskloop.ops.embedded import RedisServer
+from taskloop.runtime.client import TaskLoop
+from taskloop.runtime.models import executions
 from tests.faults import flows
 from tests.ledger import ledger_problems
+from tests.workers import WorkerProcess, alive, children_of
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"done", "failed", "cancelled", "rejected"}
@@ -71,33 +71,21 @@ HEADER = ("| scenario | seed | runs | faults | lost | duplicate commits | max re
           "| stale rejections |\n|---|---|---|---|---|---|---|---|---|")
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    return not process_gone(pid)
-
-
 class Cluster:
+    """``timers``: the lease and reconcile settings of the workers and the client (FAULT_ENV, or
+    ``{}`` for the shipped defaults: the profile users run)."""
+
     def __init__(self, tmp: Path, seed: int, env: dict[str, str] | None = None,
-                 imports: tuple[str, ...] = ("tests.faults.flows",)) -> None:
+                 imports: tuple[str, ...] = ("tests.faults.flows",), timers: dict[str, str] | None = None,
+                 appendfsync: str = "everysec", pool: str | None = None) -> None:
         self.imports = imports
+        self.pool = pool  # a Celery pool class for the workers (None: taskloop worker's default)
         self.tmp = tmp
         self.rng = random.Random(seed)
         self.seed = seed
-        self.env = {**FAULT_ENV, "PYTHONPATH": str(REPO), **(env or {})}
-        self.redis = RedisServer(tmp / "redis")
+        self.timers = FAULT_ENV if timers is None else timers
+        self.env = {**self.timers, "PYTHONPATH": str(REPO), **(env or {})}
+        self.redis = RedisServer(tmp / "redis", appendfsync=appendfsync)
         (tmp / "redis").mkdir(exist_ok=True)
         self.workers: dict[str, Any] = {}
         self.celery_pids: dict[str, int] = {}  # each worker's Celery process when it became ready
@@ -111,23 +99,20 @@ class Cluster:
         self.redis.start()
         for name in workers:
             self.start_worker(name, concurrency)
-        # the client writes the first leases: it uses the same short timers as the workers
-        settings = Settings(redis_url=self.redis.url, running_lease_s=float(FAULT_ENV["TASKLOOP_LEASE_S"]),
-                            queued_lease_s=float(FAULT_ENV["TASKLOOP_QUEUED_LEASE_S"]))
+        # the client writes the first leases: it uses the same timers as the workers
+        settings = Settings(redis_url=self.redis.url)
+        if "TASKLOOP_LEASE_S" in self.timers:
+            settings = Settings(redis_url=self.redis.url, running_lease_s=float(self.timers["TASKLOOP_LEASE_S"]),
+                                queued_lease_s=float(self.timers["TASKLOOP_QUEUED_LEASE_S"]))
         self.client = TaskLoop(self.redis.url, config=settings)
         self.probe = redis.Redis.from_url(self.redis.url, decode_responses=True)
         return self
 
     def start_worker(self, name: str, concurrency: int = 2) -> None:
-        logfile = self.tmp / f"{name}.log"
-        proc = spawn_worker(self.redis.url, list(self.imports), concurrency=concurrency, name=f"{name}@%h",
-                            loglevel="INFO", logfile=str(logfile), extra_env=self.env)
-        self.workers[name] = proc
-        wait_until_ready(proc, logfile, 30)
-        deadline = time.monotonic() + 30  # a restarted name's log already says "ready": wait for its Celery too
-        while not [pid for pid in children_of(proc.pid) if alive(pid)]:
-            assert proc.poll() is None and time.monotonic() < deadline, f"worker {name} did not start"
-            time.sleep(0.05)
+        worker = WorkerProcess(self.redis.url, self.imports, self.tmp / f"{name}.log", name=name,
+                               concurrency=concurrency, env=self.env, pool=self.pool)
+        self.workers[name] = worker
+        worker.ready(30)
         self.celery_pids[name] = self.celery_pid(name)
         self.concurrency[name] = concurrency
 
@@ -253,3 +238,14 @@ class Cluster:
         stats = self.client.store.stats()
         outcome.stale_rejections = int(stats.get("stale_deliveries", 0)) + int(stats.get("stale_commits", 0))
         return outcome
+
+
+def in_flight(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, str, int, str]]:
+    """The phases of the runs' ``work`` task not ended yet: (run, key, round, phase)."""
+    assert cluster.client is not None
+    found = []
+    for run_id in run_ids:
+        record = cluster.client.store.snapshot(run_id).record("work")
+        if record is not None and record.phase is not None and not record.terminal:
+            found.append((run_id, "work", record.round, record.phase.value))
+    return found

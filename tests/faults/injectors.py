@@ -17,6 +17,12 @@ redis-kill     SIGKILL redis-server, restart it from its AOF after 1 s
 lost-message   remove a phase message from the broker's queue list (LREM on ``taskloop``), or, when
                none is queued, start a run whose first message is never sent
 malformed      put a broken message on the queue: bad JSON, unknown task, wrong args, a pickle body
+black-hole     the proxy between the workers and Redis (tests/proxy.py; store and broker) forwards
+               nothing and closes nothing for 3-6 s; then the connections from before are cut with
+               an RST, or (one time in two) stay silent for good, so that only the workers' own
+               timeouts can tell them the connection is dead
+latency        the proxy delays every chunk by 200 ms each way for 3 s
+rst            the proxy cuts every connection between the workers and Redis with a TCP RST
 ============== =================================================================================
 """
 
@@ -36,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from taskloop.app import send_phase
-from taskloop.errors import StoreUnavailable, TaskLoopError
-from taskloop.phases import QUEUED_STATES, RUNNING_STATES, TaskRecord
-from taskloop.scheduler import Dispatch
-from taskloop.store import keys as k
+from taskloop.base.errors import StoreUnavailable, TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core.begin import Dispatch
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, TaskRecord
+from taskloop.runtime.celery_app import send_phase
 from tests.faults import soak_flows
-from tests.faults.harness import FAULT_ENV, alive
+from tests.faults.harness import FAULT_ENV
+from tests.workers import alive
 
 if TYPE_CHECKING:
     from tests.faults.soak import Driver
@@ -59,9 +66,14 @@ KINDS: dict[str, tuple[str, int]] = {
     "redis-kill": ("kill -9 redis-server, restart from AOF", 4),
     "lost-message": ("lost message (dequeued or never sent)", 13),
     "malformed": ("malformed message", 14),
+    "black-hole": ("proxy black hole 3-6 s (RST or silent after)", 3),
+    "latency": ("proxy latency 200 ms for 3 s", 3),
+    "rst": ("proxy RST of every connection", 4),
 }
 # Kinds whose faults interrupt an execution or a message: their recovery time is measured.
-RECOVERING = ("pool-kill", "worker-kill", "sigstop", "duplicate", "redis-kill", "lost-message")
+RECOVERING = ("pool-kill", "worker-kill", "sigstop", "duplicate", "redis-kill", "lost-message", "black-hole",
+              "latency", "rst")
+PROXY_KINDS = ("black-hole", "latency", "rst")  # faults of the network between the workers and Redis
 
 LEASE_S = float(FAULT_ENV["TASKLOOP_LEASE_S"])
 STOP_S = 2 * LEASE_S + 0.5  # how long a SIGSTOP lasts: past the lease, so the phase is replayed elsewhere
@@ -81,9 +93,10 @@ class Fault:
     recovery_s: float | None = None  # filled in by the checker
 
 
-def plan(n: int, rng: Any) -> list[str]:
-    """The seeded sequence of fault kinds: each kind once, the rest drawn by weight, shuffled."""
-    kinds = list(KINDS)
+def plan(n: int, rng: Any, only: tuple[str, ...] | None = None) -> list[str]:
+    """The seeded sequence of fault kinds (of ``only``, or all): each kind once, the rest drawn by
+    weight, shuffled."""
+    kinds = [kind for kind in KINDS if only is None or kind in only]
     weights = [KINDS[kind][1] for kind in kinds]
     sequence = kinds[:n] if n < len(kinds) else kinds + rng.choices(kinds, weights, k=n - len(kinds))
     rng.shuffle(sequence)
@@ -112,6 +125,7 @@ class Injector:
         self.stopped: dict[int, float] = {}  # pid -> monotonic time of its SIGCONT
         self.history: deque[tuple[float, str, str, Dispatch]] = deque(maxlen=400)  # (sent, workflow, run, d)
         self.last_redis_kill = 0.0
+        self.last_network = 0.0  # the last proxy fault (one every 5 s at most, as Redis kills)
         self.next_watch = 0.0
         self.problems: list[str] = []
 
@@ -246,7 +260,7 @@ class Injector:
 
     def _in_flight(self, run_id: str) -> list[TaskRecord]:
         assert self.cluster.client is not None
-        fields = self.cluster.client.store.scan_fields(run_id, k.TASK_PREFIX)
+        fields = self.cluster.client.store.scan_fields(run_id, fld.TASK_PREFIX)
         records = [TaskRecord.load(raw) for raw in fields.values()]
         return [r for r in records if r.state in QUEUED_STATES or r.state in RUNNING_STATES]
 
@@ -276,7 +290,7 @@ class Injector:
         old = [entry for entry in self.history if now - entry[0] > 1.0]
         self.rng.shuffle(old)
         for sent, workflow_name, run_id, dispatch in old[:10]:
-            fields = self.cluster.client.store.hmget(run_id, [k.task_field(dispatch.key), k.F_STATUS])
+            fields = self.cluster.client.store.hmget(run_id, [fld.task_field(dispatch.key), fld.F_STATUS])
             if fields[0] is None:
                 continue
             record = TaskRecord.load(fields[0])
@@ -321,6 +335,50 @@ class Injector:
         cluster.redis.start(timeout=60)
         self.last_redis_kill = time.monotonic()
         return Fault("redis-kill", at, hit, f"{len(hit)} phases in flight; down {time.time() - at:.1f}s")
+
+    def _all_in_flight(self) -> list[Target]:
+        hit: list[Target] = []
+        for run in self.driver.live_runs():
+            for record in self._in_flight(run.run_id):
+                assert record.phase is not None
+                hit.append((run.run_id, record.key, record.round, record.phase.value))
+        return hit
+
+    def _network(self, kind: str, fault: Any) -> Fault | None:
+        """A fault of the proxy between every worker and Redis; it hits every phase in flight."""
+        if time.monotonic() - self.last_network < 5.0:
+            return None
+        hit = self._all_in_flight()
+        at = time.time()
+        detail = fault(self.cluster.proxy)
+        self.last_network = time.monotonic()
+        return Fault(kind, at, hit, f"{len(hit)} phases in flight; {detail}")
+
+    def black_hole(self) -> Fault | None:
+        seconds = round(self.rng.uniform(3.0, 6.0), 1)
+        cut = self.rng.random() < 0.5
+
+        def fault(proxy: Any) -> str:
+            proxy.black_hole()
+            time.sleep(seconds)
+            proxy.heal(cut=cut)
+            return f"{seconds:.1f}s, then {'RST' if cut else 'silent for good'}"
+        return self._network("black-hole", fault)
+
+    def latency(self) -> Fault | None:
+        def fault(proxy: Any) -> str:
+            proxy.latency(200)
+            time.sleep(3.0)
+            proxy.heal()
+            return "200 ms each way for 3 s"
+        return self._network("latency", fault)
+
+    def rst(self) -> Fault | None:
+        def fault(proxy: Any) -> str:
+            open_ = proxy.open_connections
+            proxy.reset()
+            return f"{open_} connections cut"
+        return self._network("rst", fault)
 
     def lost_message(self) -> Fault | None:
         if self.rng.random() < 0.5:

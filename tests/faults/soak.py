@@ -8,7 +8,9 @@ One run of it:
 1. **Start** a private redis-server (AOF on, a free port; never the one on 6379) and
    ``--workers`` `taskloop worker` processes (2 pool processes each) with the fault suite's short
    timers (tests/faults/harness.py FAULT_ENV: 2 s running lease, 6 s queued lease, reconciler
-   every 0.5 s), importing tests.faults.flows and tests.faults.soak_flows.
+   every 0.5 s), importing tests.faults.flows and tests.faults.soak_flows. The workers reach Redis
+   (store and broker) through a TCP proxy (tests/proxy.py) that the network faults control; the
+   driver and the callbacks' log talk to Redis directly.
 2. **Inject** ``--faults`` faults, one about every ``--pace`` seconds, their kinds drawn by the
    seed (tests/faults/injectors.py: every kind at least once), while the driver keeps ``--live``
    runs going: loops that accept, exhaust or raise, a task that retries twice, gates it approves or
@@ -48,17 +50,19 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from taskloop import starting
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.embedded import spawn_worker, wait_until_ready
-from taskloop.errors import GateRefused, StoreUnavailable, TaskLoopError
-from taskloop.store import RunMeta
-from taskloop.store import keys as k
+from taskloop.base.config import Settings
+from taskloop.base.errors import GateRefused, StoreUnavailable, TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core.snapshot import RunMeta
+from taskloop.ops.embedded import wait_until_ready
+from taskloop.runtime import starting
+from taskloop.runtime.client import TaskLoop
 from tests.faults import soak_flows
 from tests.faults.checker import TERMINAL, Run, Verdict, check, malformed, render
-from tests.faults.harness import FAULT_ENV, Cluster, alive
+from tests.faults.harness import FAULT_ENV, Cluster
 from tests.faults.injectors import Fault, Injector, plan
+from tests.proxy import FaultProxy
+from tests.workers import WorkerProcess, alive
 
 MODULES = ["tests.faults.flows", "tests.faults.soak_flows"]
 READY_TIMEOUT_S = 90.0
@@ -111,9 +115,11 @@ class SoakCluster(Cluster):
             self.redis.url, decode_responses=True, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
         self.celery_pids: dict[str, int] = {}  # the Celery worker process of each worker, once ready
+        self.proxy: FaultProxy | None = None  # between the workers and Redis (the network faults)
 
     def start(self, workers: tuple[str, ...] = (), concurrency: int = 2) -> SoakCluster:
         self.redis.start()
+        self.proxy = FaultProxy("127.0.0.1", self.redis.port).start()
         names = [self.spawn_next() for _ in range(self.size)]
         for name in names:
             wait_until_ready(self.workers[name], self.tmp / f"{name}.log", READY_TIMEOUT_S)
@@ -138,10 +144,11 @@ class SoakCluster(Cluster):
         return worker_tree(self.workers[name].pid, ppids())
 
     def spawn(self, name: str, concurrency: int | None = None) -> None:
-        logfile = self.tmp / f"{name}.log"
-        self.workers[name] = spawn_worker(self.redis.url, MODULES, concurrency=concurrency or self.concurrency,
-                                          name=f"{name}@%h", loglevel="INFO", logfile=str(logfile),
-                                          extra_env=self.env)
+        assert self.proxy is not None
+        url = self.proxy.url_for(0)
+        self.workers[name] = WorkerProcess(url, MODULES, self.tmp / f"{name}.log", name=name, broker_url=url,
+                                           concurrency=concurrency or self.concurrency,
+                                           env={**self.env, "FAULT_PROBE_URL": self.redis.url})
         self.starting[name] = time.monotonic()
 
     def spawn_next(self) -> str:
@@ -207,7 +214,13 @@ class SoakCluster(Cluster):
         self.soak_probe.close()
         if self.probe is not None:
             self.probe.close()
-        super().stop()
+        if self.proxy is not None:
+            self.proxy.heal()  # a warm shutdown needs Redis
+        try:
+            super().stop()
+        finally:
+            if self.proxy is not None:
+                self.proxy.stop()
 
 
 def _never_send(workflow: Any, run_id: str, dispatches: list[Any]) -> None:
@@ -217,12 +230,13 @@ def _never_send(workflow: Any, run_id: str, dispatches: list[Any]) -> None:
 class Driver:
     """Keeps runs going, decides gates, cancels runs, injects the faults, then drains."""
 
-    def __init__(self, cluster: SoakCluster, seed: int, faults: int, live: int = 30, pace: float = 0.7) -> None:
+    def __init__(self, cluster: SoakCluster, seed: int, faults: int, live: int = 30, pace: float = 0.7,
+                 kinds: tuple[str, ...] | None = None) -> None:
         self.cluster = cluster
         self.seed = seed
         self.rng = random.Random(seed)
         self.run_rng = random.Random(f"runs-{seed}")
-        self.kinds = deque(plan(faults, self.rng))
+        self.kinds = deque(plan(faults, self.rng, kinds))
         self.live_target = live
         self.pace = pace
         self.runs: list[Run] = []
@@ -317,7 +331,7 @@ class Driver:
             if row[1] is None:
                 run.status = "missing"
                 continue
-            run.status = RunMeta.from_fields(run.run_id, dict(zip(k.META_FIELDS, row, strict=True))).status.value
+            run.status = RunMeta.from_fields(run.run_id, dict(zip(fld.META_FIELDS, row, strict=True))).status.value
 
     def act(self) -> None:
         now, mono = time.time(), time.monotonic()
@@ -481,7 +495,8 @@ class SoakResult:
 
 
 def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30, pace: float = 0.7,
-         drain_timeout: float = 180.0, command: str = "", echo: Any = print) -> SoakResult:
+         drain_timeout: float = 180.0, command: str = "", echo: Any = print,
+         kinds: tuple[str, ...] | None = None) -> SoakResult:
     """Run the soak in ``tmp`` and return the checker's verdict and the report."""
     t0 = time.monotonic()
     cluster = SoakCluster(tmp, seed, size=workers)
@@ -489,7 +504,7 @@ def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30,
         cluster.start()
         t_start = time.monotonic()
         echo(f"soak: seed {seed}, {faults} faults, {workers} workers, {live} live runs; working in {tmp}")
-        driver = Driver(cluster, seed, faults, live=live, pace=pace)
+        driver = Driver(cluster, seed, faults, live=live, pace=pace, kinds=kinds)
         driver.inject_all()
         t_inject = time.monotonic()
         echo(f"soak: {len(driver.faults)} faults injected in {t_inject - t_start:.0f}s; draining")

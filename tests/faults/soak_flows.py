@@ -57,7 +57,7 @@ def probe() -> redis.Redis:
     global _client, _pid
     if _client is None or _pid != os.getpid():
         _client = redis.Redis.from_url(
-            os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
+            os.environ.get("FAULT_PROBE_URL") or os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 60),
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         )

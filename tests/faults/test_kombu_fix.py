@@ -1,4 +1,4 @@
-"""The kombu fix (taskloop/worker/kombu_fix.py), at kombu's own level: a Redis connection that is
+"""The kombu transport fix (taskloop/celery_fixes/transport.py), at kombu's own level: a Redis connection that is
 collected and then closed after Redis died, while it holds an unacknowledged message — exactly
 what Celery's consumer does on a connection error — must not raise, and the message must stay
 recoverable. Real redis-server, killed with SIGKILL and restarted from its AOF; no mocks."""
@@ -15,11 +15,10 @@ import redis
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.transport import redis as kredis
 
-from taskloop.embedded import RedisServer
-from taskloop.worker import kombu_fix
+from taskloop.celery_fixes import transport
+from taskloop.ops.embedded import RedisServer
 
-ORIGINAL = kredis.Channel.__dict__["_connparams"]
-ORIGINAL = getattr(ORIGINAL, "__wrapped__", ORIGINAL)
+FIXED = transport.TRANSPORT  # what taskloop's app names as its broker_transport
 
 
 @pytest.fixture()
@@ -29,7 +28,7 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
     found.stop()
 
 
-def _hold_one_unacked_message(url: str) -> tuple[Connection, Any]:
+def _hold_one_unacked_message(url: str, transport_class: str | None = FIXED) -> tuple[Connection, Any]:
     """A consumer with one delivered, unacknowledged message and its next BRPOP in flight, plus a
     second channel with an auto-delete fanout queue (Celery's control channel)."""
     work = Queue("work", Exchange("work", "direct"), "work")
@@ -37,7 +36,7 @@ def _hold_one_unacked_message(url: str) -> tuple[Connection, Any]:
     with Connection(url) as publisher:
         publisher.Producer().publish({"n": 1}, exchange=work.exchange, routing_key="work", declare=[work],
                                      serializer="json")
-    conn = Connection(url)
+    conn = Connection(url, transport=transport_class)
     received: list[Any] = []
     consumer = Consumer(conn.default_channel, [work], accept=["json"],
                         callbacks=[lambda body, message: received.append(message)])
@@ -65,19 +64,18 @@ def _collect_and_close(conn: Connection) -> None:
     conn.close()
 
 
-def test_the_installed_kombu_crashes_without_the_fix(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not kombu_fix.has_bug():
-        pytest.skip("this kombu handles a detached transport itself: kombu_fix is not needed any more")
-    monkeypatch.setattr(kredis.Channel, "_connparams", ORIGINAL)
-    conn, _ = _hold_one_unacked_message(server.url)
+def test_the_installed_kombu_crashes_without_the_fix(server: RedisServer) -> None:
+    if not transport.detached_transport_crashes():
+        pytest.skip("this kombu handles a detached transport itself: the fix is not needed any more")
+    conn, _ = _hold_one_unacked_message(server.url, transport_class=None)  # kombu's own Redis transport
     server.kill()
     with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'hostname'"):
         _collect_and_close(conn)
 
 
 def test_with_the_fix_the_close_goes_through_and_the_message_is_kept(server: RedisServer) -> None:
-    assert kombu_fix.install() or not kombu_fix.has_bug()
     conn, message = _hold_one_unacked_message(server.url)
+    assert isinstance(conn.default_channel, transport.Channel)
     server.kill()
     _collect_and_close(conn)  # kombu 5.7.0 without the fix: AttributeError 'hostname'
     # nothing was lost: after a restart from the AOF the message is still parked as unacknowledged
@@ -92,9 +90,8 @@ def test_with_the_fix_the_close_goes_through_and_the_message_is_kept(server: Red
     probe.close()
 
 
-def test_the_fix_is_installed_once() -> None:
-    kombu_fix.install()
-    kombu_fix.install()
-    method = kredis.Channel._connparams
-    assert kombu_fix.installed() or not kombu_fix.has_bug()
-    assert not hasattr(getattr(method, "__wrapped__", method), "__wrapped__")  # wrapped at most once
+def test_the_fix_patches_nothing() -> None:
+    """kombu's own class is left as it is: the fix is a subclass the app names."""
+    assert transport.detached_transport_crashes(kredis.Channel) == transport.detached_transport_crashes()
+    assert not transport.detached_transport_crashes(transport.Channel)
+    assert kredis.Transport.Channel is kredis.Channel

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from taskloop.embedded import RedisServer
+from taskloop.ops.embedded import RedisServer
 from tests.conftest import REPO
 from tests.waiting import wait_until
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from taskloop.models import executions
-from tests.faults.harness import RESULTS, Cluster, Fault, alive
+from taskloop.runtime.models import executions
+from tests.faults.harness import RESULTS, Cluster, Fault
+from tests.workers import alive
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import Cluster, alive
+from tests.faults.harness import Cluster
 from tests.waiting import wait_until
+from tests.workers import alive
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from taskloop.models import RunResult
+from taskloop.runtime.models import RunResult
 from tests.faults import flows
 from tests.faults.harness import Cluster
 

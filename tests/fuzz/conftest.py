@@ -7,17 +7,16 @@ explicitly, workers through their environment, CLI invocations through ``env=``.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.embedded import RedisServer, find_redis_server, spawn_worker, wait_until_ready
-from tests.faults.harness import alive, children_of
+from taskloop.base.config import Settings
+from taskloop.ops.embedded import RedisServer, find_redis_server
+from taskloop.runtime.client import TaskLoop
+from tests.workers import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ_FLOWS = "tests.fuzz.flows"
@@ -56,33 +55,14 @@ def fuzz_probe(fuzz_redis: RedisServer) -> Iterator[redis.Redis]:
         probe.close()
 
 
-class FuzzWorker:
-    """One supervised `taskloop worker` (the supervisor, its Celery worker and the pool)."""
+class FuzzWorker(WorkerProcess):
+    """The one supervised `taskloop worker` of the fuzz tests, and its processes when it became ready."""
 
-    def __init__(self, url: str, logfile: Path, concurrency: int = 2, env: dict[str, str] | None = None) -> None:
-        self.logfile = logfile
-        self.proc = spawn_worker(url, [FUZZ_FLOWS], concurrency=concurrency, name="fuzz@%h", loglevel="INFO",
-                                 logfile=str(logfile), extra_env={"PYTHONPATH": str(REPO), **(env or {})})
-        wait_until_ready(self.proc, logfile, timeout=60)
+    def __init__(self, url: str, logfile: Path) -> None:
+        super().__init__(url, [FUZZ_FLOWS], logfile, name="fuzz")
+        self.ready(60)
+        self.proc = self.process
         self.pids = self.processes()
-
-    def processes(self) -> list[int]:
-        """The supervisor, the Celery worker and its pool processes, alive now."""
-        found = [self.proc.pid]
-        for child in children_of(self.proc.pid):
-            found += [child, *children_of(child)]
-        return sorted(pid for pid in found if alive(pid))
-
-    def log(self) -> str:
-        return self.logfile.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,9 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from taskloop.client import TaskLoop
-from taskloop.errors import GateRefused, InvalidCheckResult, InvalidInput, RunNotFound, TaskLoopError
-from taskloop.options import CHECK_RESULT_MESSAGE, LoopCheck
+from taskloop.base.errors import GateRefused, InvalidCheckResult, InvalidInput, RunNotFound, TaskLoopError
+from taskloop.define.options import CHECK_RESULT_MESSAGE, LoopCheck
+from taskloop.runtime.client import TaskLoop
 from tests.fuzz import TIMEOUT, fuzz
 from tests.fuzz.conftest import FuzzWorker
 from tests.fuzz.flows import CHECKS, GATE_ACTORS, GATES, build

@@ -27,10 +27,10 @@ from click.testing import CliRunner, Result
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from taskloop import config
+from taskloop.base import config
 from taskloop.cli import cli
-from taskloop.client import TaskLoop
-from taskloop.embedded import RedisServer
+from taskloop.ops.embedded import RedisServer
+from taskloop.runtime.client import TaskLoop
 from tests.fuzz import TIMEOUT, fuzz
 from tests.fuzz.conftest import REPO
 from tests.fuzz.flows import GATES, PING
@@ -194,9 +194,7 @@ def calls(draw: st.DrawFn) -> Call:
         return Call(["graph", draw(NAMES), *draw(st.sampled_from([[], ["--version", "1"], ["-I", "tests.fuzz.flows"],
                                                                   ["-I", ".bad"], ["-I", "no_such_module_x"]]))])
     if command == "status":
-        seconds = _short(draw(st.one_of(st.sampled_from(["0.05", "0.1"]), SECONDS)), positive=True)
-        return Call(["status", "--timeout", seconds, *draw(st.sampled_from([[], ["--json"]]))],
-                    () if _seconds_ok(seconds, True) else ("--timeout",))
+        return Call(["status", *draw(st.sampled_from([[], ["--json"]]))])
     if command == "reconcile":
         if draw(st.booleans()):
             return Call(["reconcile"])
@@ -247,13 +245,12 @@ def test_start_input_nested_10000_deep_is_a_clear_error_not_a_recursion_error(ru
     (["start", "fuzz-ping", "--version", "\ud800"], "version must be None or a non-empty string"),
     (["start", "bad name"], "workflow must be a workflow or its name"),
     (["reconcile", "--every", "-1"], "'--every': '-1' is not a number of seconds"),
-    (["status", "--timeout", "inf"], "'--timeout': 'inf' is not a number of seconds"),
     (["inspect", "a\ud800b"], "run_id 'a\\ud800b' is invalid"),
     (["graph", "x", "-I", ".relative"], "'.relative' is not a module name"),
     (["decide", "fuzz-cli-waiting", "edit", "resume", "--actor", "a", "--value", "1" + "0" * 5_000],
      "JSON that Python cannot read"),
 ], ids=["huge-int", "surrogate", "deep-500", "timeout-nan", "version-surrogate", "bad-name", "every-negative",
-        "status-inf", "run-id-surrogate", "relative-module", "decide-huge-int"])
+        "run-id-surrogate", "relative-module", "decide-huge-int"])
 def test_inputs_that_printed_tracebacks_are_clear_errors(runs: Runs, args: list[str], message: str) -> None:
     result = invoke(runs.url, args)
     assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result
@@ -264,12 +261,12 @@ def test_an_unexpected_exception_is_one_error_line_and_debug_shows_it(runs: Runs
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug (any exception taskloop does not expect) is one `Error: unexpected ...` line;
     TASKLOOP_DEBUG=1 lets the traceback through for whoever debugs it."""
-    import taskloop.client
+    import taskloop.runtime.client
 
     def broken(self: Any, *args: Any, **kwargs: Any) -> None:
         raise KeyError("wf")
 
-    monkeypatch.setattr(taskloop.client.TaskLoop, "inspect", broken)
+    monkeypatch.setattr(taskloop.runtime.client.TaskLoop, "inspect", broken)
     result = invoke(runs.url, ["inspect", "fuzz-cli-running"])
     assert result.exit_code == 1 and "Error: unexpected KeyError: 'wf' (this is a bug" in result.output
     monkeypatch.setenv("TASKLOOP_DEBUG", "1")

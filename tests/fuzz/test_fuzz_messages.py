@@ -35,7 +35,8 @@ import redis
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from taskloop.client import TaskLoop
+from taskloop.core import fields as fld
+from taskloop.runtime.client import TaskLoop
 from taskloop.store import keys as k
 from tests.fuzz import TIMEOUT, fuzz
 from tests.fuzz.conftest import FuzzWorker
@@ -296,10 +297,10 @@ def test_stale_messages_for_an_existing_run_only_count(fuzz_worker: FuzzWorker, 
     the run's ``s:stale_deliveries``, nothing else of it changes, the log says so on one line each."""
     run_id = existing.ids["waiting"]
     before = record_of(fuzz_probe, run_id)
-    count = int(fuzz_probe.hget(k.RunKeys.of(run_id).run, k.stat_field("stale_deliveries")) or 0)
+    count = int(fuzz_probe.hget(k.RunKeys.of(run_id).run, fld.stat_field("stale_deliveries")) or 0)
     publish(fuzz_client, [Message(task, _json_body([run_id, key, 1, token], {}))
                           for task, key, token in itertools.product(PHASE_TASKS, ("gate", "prep", "after"), (0, 99))])
-    wait_until(lambda: int(fuzz_probe.hget(k.RunKeys.of(run_id).run, k.stat_field("stale_deliveries")) or 0)
+    wait_until(lambda: int(fuzz_probe.hget(k.RunKeys.of(run_id).run, fld.stat_field("stale_deliveries")) or 0)
                >= count + 18, what="18 stale deliveries counted")
     assert record_of(fuzz_probe, run_id) == before
     assert fuzz_worker.processes() == fuzz_worker.pids

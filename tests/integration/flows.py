@@ -168,3 +168,8 @@ def nap(ctx: tl.TaskContext) -> float:
 
 
 sleeper = tl.define_workflow("sleeper", version="1", tasks=[tl.define_task("nap", run=nap)])
+
+# --- a run deleted as it succeeds -----------------------------------------------------------------
+
+ephemeral = tl.define_workflow("ephemeral", version="1", delete_on_success=True,
+                               tasks=[tl.define_task("once", run=lambda ctx: 1)])

@@ -51,6 +51,26 @@ def test_start_wait_inspect_runs_and_graph() -> None:
     assert "flowchart TD" in graph.stdout and "source --> fix" in graph.stdout
 
 
+def test_fork_the_demos_run_from_round_2_with_new_feedback() -> None:
+    started = taskloop("start", "demo", "--import", "taskloop.examples.demo", "--input", "{}", "--wait")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.split("run ", 1)[1].split()[0]
+    forked = taskloop("fork", run_id[:12], "fix", "2", "--feedback", "aim for twelve", "--wait",
+                      "--import", "taskloop.examples.demo")
+    assert forked.returncode == 0, forked.stderr
+    assert f"forked from {run_id} at fix round 2" in forked.stdout and "status done" in forked.stdout
+    new_id = forked.stdout.split("run ", 1)[1].split()[0]
+    shown = taskloop("inspect", new_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"forked from run {run_id} at fix round 2" in shown.stdout
+    assert "[copied]" in shown.stdout and "[fed: aim for twelve]" in shown.stdout
+    view = json.loads(taskloop("inspect", new_id, "--json").stdout)
+    assert [(r["round"], r["copied"]) for r in view["tasks"]["fix"]["rounds"]] == [(1, True), (2, False)]
+    assert view["tasks"]["source"]["copied"] is True
+    refused = taskloop("fork", run_id, "fix", "3", "--import", "taskloop.examples.demo")
+    assert refused.returncode == 1 and "round 3 of task fix was never reached" in refused.stderr
+
+
 def test_start_without_wait_prints_the_run_id() -> None:
     started = taskloop("start", "spread", "--import", "tests.integration.flows", "--input", '{"rounds": 1}')
     assert started.returncode == 0, started.stderr
@@ -192,7 +212,7 @@ def test_a_url_that_does_not_lead_to_redis_is_one_clear_line(tmp_path) -> None:
 
 
 def test_start_wait_with_no_worker_says_so_within_5_seconds(tmp_path) -> None:
-    from taskloop.embedded import RedisServer
+    from taskloop.ops.embedded import RedisServer
 
     with RedisServer(tmp_path) as lonely:  # a Redis that no worker consumes from
         started = time.monotonic()

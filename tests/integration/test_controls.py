@@ -9,8 +9,8 @@ import time
 import pytest
 
 import taskloop as tl
-from taskloop.config import settings
-from taskloop.models import ExecView, executions
+from taskloop.base.config import settings
+from taskloop.runtime.models import ExecView, executions
 from tests.integration import control_flows as cf
 from tests.integration.flows import recorded
 from tests.ledger import assert_balanced

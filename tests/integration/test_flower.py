@@ -17,14 +17,15 @@ from typing import Any
 
 import pytest
 
-from taskloop.app import send_phase
-from taskloop.client import TaskLoop
-from taskloop.embedded import RedisServer, free_port, spawn_worker, wait_until_ready
-from taskloop.phases import Phase
-from taskloop.scheduler import Dispatch
+from taskloop.core.begin import Dispatch
+from taskloop.core.phases import Phase
+from taskloop.ops.embedded import RedisServer, free_port
+from taskloop.runtime.celery_app import send_phase
+from taskloop.runtime.client import TaskLoop
 from tests.conftest import REPO
 from tests.integration import flows
 from tests.waiting import wait_until
+from tests.workers import WorkerProcess
 
 pytestmark = pytest.mark.timeout(240)
 AUTH = "inspector:s3cret-pass"
@@ -36,15 +37,14 @@ def watched(tmp_path: Path) -> Iterator[tuple[TaskLoop, int]]:
     with RedisServer(tmp_path / "redis") as server:
         log = tmp_path / "worker.log"
         env = {"PYTHONPATH": str(REPO)}
-        worker = spawn_worker(server.url, ["tests.integration.flows"], concurrency=2, name="fw@%h", loglevel="INFO",
-                              logfile=str(log), extra_env=env)
+        worker = WorkerProcess(server.url, ["tests.integration.flows"], log, name="fw")
         port = free_port()
         flower = subprocess.Popen([sys.executable, "-m", "celery", "--broker", server.url, "flower", f"--port={port}",
                                    "--address=127.0.0.1", f"--basic-auth={AUTH}"],
                                   env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         client = TaskLoop(server.url)
         try:
-            wait_until_ready(worker, log)
+            worker.ready()
             wait_until(lambda: _get(port, "/api/workers?refresh=1", AUTH)[0] == 200, timeout=60,
                        what="Flower to answer")
             # Flower turns task events on in the workers it watches (they ship with events off)
@@ -118,3 +118,30 @@ def test_flower_refuses_requests_without_credentials(watched: tuple[TaskLoop, in
     assert _get(port, "/api/tasks", None)[0] == 401
     assert _get(port, "/api/tasks", "inspector:wrong")[0] == 401
     assert _get(port, "/api/tasks", AUTH)[0] == 200
+
+
+@pytest.mark.parametrize("app", ["taskloop", "taskloop.worker", "taskloop.worker.app"])
+def test_celery_finds_the_app_by_its_conventions(tmp_path: Path, app: str) -> None:
+    """`celery -A taskloop flower` (and -A taskloop.worker, -A taskloop.worker.app) load taskloop's
+    app: Flower gets the broker from taskloop's settings (TASKLOOP_REDIS_URL, no --broker) and sees
+    the worker there."""
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis") as server:
+        log = tmp_path / "worker.log"
+        env = {"PYTHONPATH": str(REPO), "TASKLOOP_REDIS_URL": server.url}
+        worker = WorkerProcess(server.url, ["tests.integration.flows"], log, name="conv", concurrency=1)
+        port = free_port()
+        flower = subprocess.Popen([sys.executable, "-m", "celery", "-A", app, "flower", f"--port={port}",
+                                   "--address=127.0.0.1", f"--basic-auth={AUTH}"],
+                                  env={**os.environ, **env}, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.STDOUT)
+        try:
+            worker.ready()
+            workers = wait_until(lambda: (_get(port, "/api/workers?refresh=1", AUTH)[1] or None), timeout=60,
+                                 what=f"Flower started with -A {app} to see the worker")
+            assert any(name.startswith("conv@") for name in workers)
+        finally:
+            flower.terminate()
+            worker.terminate()
+            flower.wait(30)
+            worker.wait(30)

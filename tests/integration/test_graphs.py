@@ -47,6 +47,8 @@ def test_a_runaway_handler_stops_at_max_transitions(client) -> None:
     view = client.inspect(result.run_id)
     assert sorted(view.tasks) == [f"spin@{n}" for n in range(1, 6)]  # 5 activations dispatched, no more
     assert view.state == {"count": 5}  # what the handler last wrote: never approval by default
+    with pytest.raises(tl.GraphLimitReached, match="max_transitions is 5"):  # the typed error, as docs/graphs.md says
+        result.raise_for_status()
 
 
 @pytest.mark.parametrize(("workflow", "message", "state"), [
@@ -65,6 +67,8 @@ def test_a_broken_handler_state_or_output_fails_the_run_and_keeps_the_last_valid
     assert error.type == "GraphRunFailed"
     assert __import__("re").search(message, error.message), error.message
     assert client.inspect(result.run_id).state == state
+    with pytest.raises(tl.GraphRunFailed, match=message):  # the typed error, not a bare TaskLoopError
+        result.raise_for_status()
 
 
 def test_loop_steps_gates_retries_and_parallel_activations(client, probe) -> None:
@@ -104,7 +108,7 @@ def test_steps_spread_over_worker_processes(client, probe) -> None:
 
 
 def test_a_resume_after_the_handler_changed_is_refused(client) -> None:
-    from taskloop.definitions import REGISTRY
+    from taskloop.define.workflow import REGISTRY
 
     result = client.start(gf.invalid_state, {"approve_in": None}).wait(timeout=30)
     assert result.status == "failed"

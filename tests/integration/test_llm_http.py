@@ -1,4 +1,4 @@
-"""taskloop.llm against a real local chat-completions server (tests/llm_server.py; loopback only, no Redis)."""
+"""taskloop.connections.llm against a real local chat-completions server (tests/llm_server.py; loopback only)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from taskloop import llm
+from taskloop.base.errors import LLMCallFailed
+from taskloop.connections import llm
 from tests.llm_server import ChatServer, Reply, llm_server_fixture
 
 llm_server = llm_server_fixture()
@@ -101,7 +102,7 @@ def test_the_verdict_survives_json_after_a_real_call(llm_server: ChatServer) -> 
 # --- failures ----------------------------------------------------------------------------------
 
 
-def assert_clean(error: llm.LLMCallFailed, server: ChatServer) -> None:
+def assert_clean(error: LLMCallFailed, server: ChatServer) -> None:
     message = str(error)
     assert message.startswith(f"LLM call failed: POST {server.base_url}/chat/completions ")
     assert KEY not in message and KEY not in repr(error.args)
@@ -110,7 +111,7 @@ def assert_clean(error: llm.LLMCallFailed, server: ChatServer) -> None:
 def test_http_500_is_a_failed_call(llm_server: ChatServer) -> None:
     llm_server.script(Reply(status=500))
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server))
 
     error = info.value
@@ -123,7 +124,7 @@ def test_http_500_is_a_failed_call(llm_server: ChatServer) -> None:
 def test_http_401_names_the_key_variable(llm_server: ChatServer) -> None:
     llm_server.script(Reply(status=401))
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server))
 
     assert_clean(info.value, llm_server)
@@ -134,7 +135,7 @@ def test_http_401_names_the_key_variable(llm_server: ChatServer) -> None:
 def test_a_wrong_base_url_names_the_base_url_variable(llm_server: ChatServer) -> None:
     base = llm_server.base_url.removesuffix("/v1")  # forgot the /v1
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server, base_url=base))
 
     assert llm_server.requests[0].path == "/chat/completions"
@@ -146,7 +147,7 @@ def test_a_timeout_is_a_failed_call(llm_server: ChatServer) -> None:
     llm_server.script(Reply("yes", delay_s=5))
 
     started = time.monotonic()
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server), timeout=0.3)
 
     assert time.monotonic() - started < 3
@@ -162,7 +163,7 @@ def test_a_refused_connection_is_a_failed_call() -> None:
         port = sock.getsockname()[1]
     base = f"http://127.0.0.1:{port}/v1"
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=llm.LLMConfig(base_url=base, model="m"), timeout=2)
 
     assert str(info.value).startswith(f"LLM call failed: POST {base}/chat/completions failed (ConnectError")
@@ -171,7 +172,7 @@ def test_a_refused_connection_is_a_failed_call() -> None:
 
 
 def test_a_base_url_without_scheme_is_a_failed_call() -> None:
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=llm.LLMConfig(base_url="127.0.0.1:8000/v1", model="m"), timeout=2)
 
     assert "failed (UnsupportedProtocol" in str(info.value)
@@ -191,7 +192,7 @@ def test_a_base_url_without_scheme_is_a_failed_call() -> None:
 def test_a_malformed_reply_is_a_failed_call(llm_server: ChatServer, reply: Reply) -> None:
     llm_server.script(reply)
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server))
 
     assert_clean(info.value, llm_server)
@@ -204,7 +205,7 @@ def test_the_key_never_leaks_into_messages(llm_server: ChatServer) -> None:
     # Given a server whose error body echoes the key
     llm_server.script(Reply(status=403, body=json.dumps({"error": f"bad key {KEY}"})))
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server))
 
     # Then the message shows the echo with the key masked
@@ -217,7 +218,7 @@ def test_a_password_in_the_base_url_is_not_shown(llm_server: ChatServer) -> None
     llm_server.script(Reply(status=500))
     base = llm_server.base_url.replace("http://", "http://user:hunter2@")
 
-    with pytest.raises(llm.LLMCallFailed) as info:
+    with pytest.raises(LLMCallFailed) as info:
         llm.ask(QUESTION, STATE, config=config(llm_server, key=None, base_url=base))
 
     assert_clean(info.value, llm_server)

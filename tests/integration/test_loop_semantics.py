@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import taskloop as tl
-from taskloop.models import executions
+from taskloop.runtime.models import executions
 from tests.integration import flows
 from tests.integration.flows import recorded
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from taskloop.client import TaskLoop
-from taskloop.embedded import RedisServer, free_port, spawn_worker, wait_until_ready
+from taskloop.ops.embedded import RedisServer, free_port
+from taskloop.runtime.client import TaskLoop
 from tests.conftest import REPO
 from tests.integration import flows
 from tests.waiting import wait_until
+from tests.workers import WorkerProcess
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.timeout(240)
@@ -31,12 +32,11 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, TaskLoop, int]]:
     with RedisServer(tmp_path / "redis") as server:
         port = free_port()
         log = tmp_path / "worker.log"
-        worker = spawn_worker(server.url, ["tests.integration.flows"], concurrency=2, name="m@%h", loglevel="INFO",
-                              logfile=str(log), extra_env={"PYTHONPATH": str(REPO)},
-                              extra_args=["--metrics-port", str(port)])
+        worker = WorkerProcess(server.url, ["tests.integration.flows", "tests.integration.score_flows"], log, name="m",
+                               args=["--metrics-port", str(port)])
         client = TaskLoop(server.url)
         try:
-            wait_until_ready(worker, log)
+            worker.ready()
             yield server.url, client, port
         finally:
             client.close()
@@ -85,9 +85,26 @@ def test_exhaustions_failures_and_refusals_are_counted(fleet) -> None:
     assert client.start(flows.core, {"target": 99}).wait(timeout=30).status == "failed"
     assert client.start(flows.core, {"fail": "attempt"}).wait(timeout=30).status == "failed"
     text = _scrape_until(port, lambda t: _value(t, "taskloop_exhaustions_total") > 0, "the exhaustion to be counted")
-    assert _value(text, "taskloop_exhaustions_total", workflow="core", task="fix") == 1
+    assert _value(text, "taskloop_exhaustions_total", workflow="core", task="fix", reason="rounds") == 1
     assert _value(text, "taskloop_phases_total", task="fix", phase="attempt", outcome="failed") == 1
     assert _value(text, "taskloop_runs_finished_total", workflow="core", status="failed", termination="failed") == 2
+
+
+def test_loop_quality_is_counted_rounds_to_acceptance_scores_and_exhaustions_by_reason(fleet) -> None:
+    from tests.integration import score_flows as sf
+
+    _, client, port = fleet
+    assert client.start(sf.plateau, {"scores": [0.5, 0.6, 0.55, 0.58]}).wait(timeout=30).status == "failed"
+    assert client.start(sf.best, {"scores": [0.2, 0.9, 0.4]}).wait(timeout=30).status == "done"
+    assert client.start(sf.best, {"scores": [0.3, 0.8], "accept_at": 2}).wait(timeout=30).status == "done"
+    text = _scrape_until(port, lambda t: _value(t, "taskloop_loop_rounds_to_accept_count") > 0, "loop quality")
+    assert _value(text, "taskloop_exhaustions_total", workflow="score-plateau", task="draft", reason="plateau") == 1
+    assert _value(text, "taskloop_exhaustions_total", workflow="score-best", task="draft", reason="rounds") == 1
+    assert _value(text, "taskloop_loop_rounds_to_accept_count", workflow="score-best", task="draft") == 1
+    assert _value(text, "taskloop_loop_rounds_to_accept_sum", workflow="score-best", task="draft") == 2
+    assert _value(text, "taskloop_loop_scores_count", workflow="score-plateau") == 4
+    assert _value(text, "taskloop_loop_scores_sum", workflow="score-best") == pytest.approx(0.2 + 0.9 + 0.4 + 0.3 + 0.8)
+    assert _value(text, "taskloop_loop_scores_bucket", workflow="score-best", le="0.5") == 3
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (apt-get install -y prometheus)")
@@ -153,11 +170,10 @@ def test_the_metrics_directory_is_removed_when_the_worker_stops(tmp_path: Path) 
     (tmp_path / "redis").mkdir()
     with RedisServer(tmp_path / "redis") as server:
         log = tmp_path / "worker.log"
-        worker = spawn_worker(server.url, ["tests.integration.flows"], concurrency=1, name="d@%h", loglevel="INFO",
-                              logfile=str(log), extra_env={"PYTHONPATH": str(REPO), "TMPDIR": str(temp)},
-                              extra_args=["--metrics-port", str(free_port())])
+        worker = WorkerProcess(server.url, ["tests.integration.flows"], log, name="d", concurrency=1,
+                               env={"TMPDIR": str(temp)}, args=["--metrics-port", str(free_port())])
         try:
-            wait_until_ready(worker, log)
+            worker.ready()
             assert [p.name for p in temp.iterdir() if p.name.startswith("taskloop-metrics-")], "no metrics directory"
         finally:
             worker.terminate()

@@ -9,10 +9,11 @@ import time
 import pytest
 
 import taskloop as tl
-from taskloop.app import PhaseSender, send_phase
-from taskloop.config import settings
-from taskloop.phases import Phase, Slot, TaskStatus
-from taskloop.scheduler import Dispatch
+from taskloop.base.config import settings
+from taskloop.core import fields as fld
+from taskloop.core.begin import Dispatch
+from taskloop.core.phases import Phase, Slot, TaskStatus
+from taskloop.runtime.celery_app import PhaseSender, send_phase
 from taskloop.store import keys as k
 from taskloop.worker.reconciler import reconcile
 from tests.integration import control_flows as cf
@@ -81,7 +82,7 @@ def test_an_exhausted_loop_stays_exhausted(client) -> None:
 
 
 def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
-    from taskloop.definitions import REGISTRY
+    from taskloop.define.workflow import REGISTRY
 
     run_id = _broken_run(client, probe)
     original = cf.resumable
@@ -101,7 +102,7 @@ def test_resume_under_a_changed_definition_is_refused(client, probe) -> None:
 def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
     # A failed run with a corrupt record: resume refuses it
     run_id = _broken_run(client, probe)
-    probe.hset(k.RunKeys.of(run_id).run, k.task_field("fix"), '{"key": "fix", "kind": "loop", "status": "exploded"')
+    probe.hset(k.RunKeys.of(run_id).run, fld.task_field("fix"), '{"key": "fix", "kind": "loop", "status": "exploded"')
     with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
         client.resume(run_id)
     # A live run whose check lost its candidate: the worker fails the task without calling check
@@ -110,8 +111,8 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
     record = client.store.snapshot(run.run_id).record("grind").model_copy(update={
         "status": TaskStatus.ACTIVE, "phase": Phase.CHECK, "slot": Slot.QUEUED, "round": 3, "token": 100,
         "error": None})
-    probe.hset(k.RunKeys.of(run.run_id).run, mapping={k.task_field("grind"): record.dump(), k.F_STATUS: "running",
-                                                      k.F_OPEN: "1", k.F_ACTIVE: "1"})
+    probe.hset(k.RunKeys.of(run.run_id).run, mapping={fld.task_field("grind"): record.dump(), fld.F_STATUS: "running",
+                                                      fld.F_OPEN: "1", fld.F_ACTIVE: "1"})
     before = len(recorded(probe, run.run_id, "where"))
     send_phase(client.app, flows.spread, run.run_id, Dispatch("grind", Phase.CHECK, 3, 100))
     wait_until(lambda: client.inspect(run.run_id).tasks["grind"].status != "active", what="the check to be refused")
@@ -123,10 +124,10 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
 
 
 def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
-    import taskloop.app
+    import taskloop.runtime.celery_app
 
     # Given a run whose first message was recorded but never sent (the client died in between)
-    monkeypatch.setattr(taskloop.app, "send_phase", lambda *a, **kw: None)
+    monkeypatch.setattr(taskloop.runtime.celery_app, "send_phase", lambda *a, **kw: None)
     run = client.start(flows.core, input={})
     assert client.inspect(run.run_id).tasks["source"].status == "active"
     monkeypatch.undo()
@@ -150,9 +151,9 @@ def test_reconcile_command_runs_a_pass() -> None:
 def test_several_reconcilers_at_once_redispatch_a_phase_once(client, monkeypatch) -> None:
     import threading
 
-    import taskloop.app
+    import taskloop.runtime.celery_app
 
-    monkeypatch.setattr(taskloop.app, "send_phase", lambda *a, **kw: None)
+    monkeypatch.setattr(taskloop.runtime.celery_app, "send_phase", lambda *a, **kw: None)
     run = client.start(flows.core, input={})
     monkeypatch.undo()
     later = time.time() + settings().queued_lease_s + 1

@@ -20,13 +20,16 @@ role saw" its error (or what did not happen), "ACL LOG" what Redis recorded as r
 A role process that *exited* instead of logging and retrying is marked **exited**.
 
 Scenarios (tests/ops/roles.py): **worker** runs workflows started by name (with a budget and a
-cache), re-sends a lost message, resumes a failed run, reconciles, answers `inspect ping` and
-sends task events, with no error in its logs; **client** starts by name, waits (end marker and
-event stream), inspects, reads events, finds a run by prefix, lists runs (forgetting a vanished
-one) and cancels a running run; **monitor** runs `taskloop status --json` (which also sweeps an
-overdue kombu binding table), scrapes `taskloop metrics`, and uses Flower (workers, tasks from
-events, queue length) with no refusal in Flower's log. Every scenario starts after a
-`SCRIPT FLUSH`, as after a Redis restart.
+cache), re-sends a lost message, resumes a failed run, reconciles (trimming the run lists),
+answers `inspect ping` and sends task events, with no error in its logs, and serves the run UI
+(`taskloop ui`, the compose ui service: the runs list filtered and searched, a run's page, events
+and live stream, the fleet, a gate approved through the API); **client** starts by name, waits
+(end marker and event stream), inspects, reads events, finds a run by prefix, lists runs (all,
+and one run list; a vanished run is not shown) and cancels a running run; **monitor** runs
+`taskloop status --json` (which also sweeps an overdue kombu binding table), scrapes `taskloop
+metrics`, serves `taskloop ui --read-only` (the same pages; an action refused), and uses Flower
+(workers, tasks from events, queue length) with no refusal in Flower's log. Every scenario starts
+after a `SCRIPT FLUSH`, as after a Redis restart.
 """
 
 

@@ -1,27 +1,36 @@
 """The three Redis ACL roles of ops/redis/users.acl, each run for real against the compose file's
 Redis (tests/ops/stack.py), and what each role must be able to do:
 
-- **worker** (the `worker` and `reconciler` services, and operator commands that need the
+- **worker** (the `worker`, `reconciler` and `ui` services, and operator commands that need the
   workflow code such as `taskloop resume`): run workflows started by name to the end, serve cache
   hits, re-send a phase whose message was lost (reconciler), resume a failed run, record reconcile
-  passes and forget finished runs, answer control commands (inspect ping) and send task events
-  when asked to (as Flower does).
+  passes and forget finished runs (and trim the run lists), answer control commands (inspect
+  ping) and send task events when asked to (as Flower does); the run UI shows the runs list
+  (filtered by status and workflow, searched by id prefix), a run's page, its events, its live
+  stream and the fleet, and approves a gate.
 - **client** (the `producer` service): tests/ops/client_role.py.
-- **monitor** (`taskloop status`, the `metrics` service, the `flower` service): status lists the
-  worker, the fleet exporter answers, Flower lists the workers, sees the tasks (events) and the
-  queue length.
+- **monitor** (`taskloop status`, the `metrics` service, `taskloop ui --read-only`, KEDA):
+  read-only. Status lists the worker (from its heartbeat), the fleet exporter answers, the
+  read-only UI shows the same pages as the worker's (and refuses an action).
+- **flower** (the `flower` service): Flower lists the workers, sees the tasks (events) and the
+  queue length; its remote-control replies sweep kombu's overdue binding tables.
 
 Each scenario raises Broken(step, detail) at the first thing that does not work.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +38,19 @@ from typing import Any
 
 import redis
 
-from taskloop.app import START_TASK
-from taskloop.client import RunHandle, TaskLoop
-from taskloop.config import Settings
+from taskloop.base.config import Settings
+from taskloop.runtime.celery_app import START_TASK
+from taskloop.runtime.client import RunHandle, TaskLoop
 from tests.ops.stack import REPO, Replica, Stack, http_get, metric_sum
 
 STEP_TIMEOUT_S = 10.0
-ROLES = ("worker", "client", "monitor")
+ROLES = ("worker", "client", "monitor", "flower")
 # The services each role's scenario runs (with the role's credentials, as docker-compose.yml says).
-ROLE_SERVICES = {"worker": ("worker", "reconciler"), "client": (), "monitor": ("metrics", "flower")}
+ROLE_SERVICES = {"worker": ("worker", "reconciler", "ui"), "client": (), "monitor": ("metrics", "ui"),
+                 "flower": ("flower",)}
 # What else must run for the scenario (with full permissions: the other roles' ACL lines).
-SUPPORT_SERVICES = {"worker": ("metrics", "flower"), "client": ("worker",), "monitor": ("worker",)}
+SUPPORT_SERVICES = {"worker": ("metrics", "flower"), "client": ("worker",), "monitor": ("worker",),
+                    "flower": ("worker",)}
 # The worker thread reconciles often (the lost message), and a short lease lets the reconciler
 # forget a finished run within seconds (it looks at a run again one lease after its last write).
 # Short timers. The compose file's shutdown grace (280 s) is for production: here a phase still
@@ -48,6 +59,11 @@ SUPPORT_SERVICES = {"worker": ("metrics", "flower"), "client": ("worker",), "mon
 WORKER_ENV = {"TASKLOOP_RECONCILE_INTERVAL_S": "0.5", "TASKLOOP_LEASE_S": "2", "TASKLOOP_SHUTDOWN_GRACE_S": "5"}
 # For the monitor, the worker does not reconcile: a live run made due stays due while the monitor reads it.
 MONITOR_WORKER_ENV = {"TASKLOOP_RECONCILE_INTERVAL_S": "0", "TASKLOOP_LEASE_S": "2", "TASKLOOP_SHUTDOWN_GRACE_S": "5"}
+UI_PORT = 8188
+# The ui service as each role runs it: the compose service (the worker user, with actions: gates
+# plan with the definition, as `taskloop resume` does), or --read-only with the monitor user (the
+# override docs/operations.md gives for a UI that only looks).
+UI_ARGS = {"worker": ["--import", "tests.ops.flows"], "monitor": ["--read-only"]}
 
 
 class Broken(AssertionError):
@@ -140,7 +156,7 @@ def log_failures(text: str, *needles: str) -> list[str]:
 def start_by_name(client: TaskLoop, name: str, input: Any) -> RunHandle:
     """What TaskLoop.start does for a workflow this process has not imported (whatever the test
     process has imported): record the run pending, send taskloop.start."""
-    from taskloop import starting
+    from taskloop.runtime import starting
 
     started = starting.record_pending(client.store, name, None, input, None, client.settings)
     client.app.send_task(START_TASK, args=[started.run_id], ignore_result=True, shadow=f"{name}.start")
@@ -156,6 +172,111 @@ def finished(client: TaskLoop, handle: RunHandle, status: str = "done") -> Calla
             raise AssertionError(f"run ended {result.status}, not {status}: {result.errors}")
         return True
     return check
+
+
+# --- the run UI, over HTTP -------------------------------------------------------------------------
+
+
+def ui_request(url: str, auth: str, method: str = "GET", body: dict[str, Any] | None = None,
+               headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError as exc:
+        return 0, f"{type(exc).__name__}: {exc}".encode()
+
+
+def ui_refusal(body: bytes) -> str:
+    """What a page or API answer says went wrong (Redis's refusal if it names one), in short."""
+    text = html.unescape(body.decode(errors="replace"))
+    why = re.search(r"no permissions to [^;)\"]*|can't run this command[^;)\"]*|NOPERM[^;)\"]*", text)
+    return why.group(0) if why else " ".join(text.split())[:200]
+
+
+class UI:
+    """The role's `taskloop ui` (the compose ui service, on the host), as a browser or an API client
+    uses it, with the compose file's basic auth."""
+
+    def __init__(self, sc: Scenario) -> None:
+        self.sc = sc
+        self.base = f"http://{sc.stack.address('ui', UI_PORT)}"
+        self.auth = sc.stack.env["UI_BASIC_AUTH"]
+
+    def get(self, step: str, path: str, contains: str) -> bytes:
+        code, body = ui_request(self.base + path, self.auth)
+        if code != 200 or contains.encode() not in body:
+            raise Broken(step, f"GET {path}: HTTP {code}: {ui_refusal(body)}")
+        return body
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        code, session = ui_request(self.base + "/api/session", self.auth)
+        if code != 200:
+            raise Broken("UI session", f"GET /api/session: HTTP {code}: {ui_refusal(session)}")
+        token = json.loads(session)["csrf"]
+        return ui_request(self.base + path, self.auth, "POST", body, {"X-CSRF-Token": token})
+
+    def first_live_event(self, step: str, run_id: str, timeout: float = 5.0) -> None:
+        """The first message of a run's live stream (``event: run``, the run's body): the stream
+        reads the run's events (XREAD) and renders the run before it sends anything but its
+        opening comment. A stream that fails ends without it."""
+        request = urllib.request.Request(f"{self.base}/runs/{run_id}/live")
+        request.add_header("Authorization", "Basic " + base64.b64encode(self.auth.encode()).decode())
+        lines: list[str] = []
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                event = False
+                while True:
+                    line = response.readline().decode(errors="replace")
+                    if not line:
+                        break  # the stream ended: it failed
+                    lines.append(line)
+                    if line.startswith("event: "):
+                        event = line.strip() == "event: run"
+                    elif line == "\n" and event:
+                        return
+        except (OSError, ValueError) as exc:
+            raise Broken(step, f"{type(exc).__name__}: {exc}; read {''.join(lines)[:200]!r}") from exc
+        raise Broken(step, f"the stream ended without 'event: run': {''.join(lines)[:300]!r}")
+
+    def reads(self, shown: RunHandle, live: RunHandle, name: str) -> None:
+        """Every page and API read the UI serves, on a finished run ``shown`` (a workflow ``name``)
+        and a live run ``live``."""
+        sc, run_id = self.sc, shown.run_id
+        self.get("UI: the runs list", "/", run_id)
+        self.get("UI: the runs list", "/api/runs?status=done", run_id)
+        self.get("UI: the runs list", f"/?workflow={name}&status=done", run_id)
+        self.get("UI: the runs list", f"/?q={run_id[:10]}", run_id)
+        sc.ok("UI: the runs list")
+        self.get("UI: a run's page", f"/runs/{run_id}", run_id)
+        self.get("UI: a run's page", f"/runs/{live.run_id}", live.run_id)
+        self.get("UI: a run's page", f"/api/runs/{run_id}", run_id)
+        sc.ok("UI: a run's page")
+        self.get("UI: a run's events", f"/api/runs/{run_id}/events", "run.finished")
+        sc.ok("UI: a run's events")
+        self.first_live_event("UI: a run's live stream", live.run_id)
+        sc.ok("UI: a run's live stream")
+
+        def fleet() -> bool:
+            # the workers answer Celery's remote control within the UI's 0.5 s, once they are up
+            return b"worker0@" in self.get("UI: the fleet", "/fleet", "Workers")
+        within("UI: the fleet", fleet, alive=sc.alive("ui"))
+        sc.ok("UI: the fleet")
+
+    def no_errors(self) -> None:
+        failures = [line for replica in self.sc.stack.replicas["ui"]
+                    for line in log_failures(replica.text(), "ERROR", "Traceback", "Exception")]
+        if failures:
+            raise Broken("UI: no errors in its log", " / ".join(failures[:3]))
+        self.sc.ok("UI: no errors in its log")
 
 
 # --- the scenarios -------------------------------------------------------------------------------
@@ -211,7 +332,7 @@ def worker_scenario(sc: Scenario) -> None:
         sc.ok("cache")
 
         # A phase recorded queued whose message never reached the broker: the reconciler re-sends it.
-        from taskloop import starting
+        from taskloop.runtime import starting
 
         quick = Settings(redis_url=sc.admin_url, queued_lease_s=0.5)
         lost = starting.start_defined(admin.store, lambda *args: None, flows.cached, {"n": n + 1}, None, quick)
@@ -241,6 +362,19 @@ def worker_scenario(sc: Scenario) -> None:
         if not any(node.startswith("worker") for node in replies):
             raise Broken("answer inspect ping", f"replies {replies}")
         sc.ok("answer control commands")
+
+        # The run UI (the compose ui service: this user, with actions): every page it serves, and
+        # a gate approved through its API (decide plans with the definition, as resume does).
+        gate = start_by_name(admin, "ops-gate", {})
+        within("(setup) a run waiting at a gate", lambda: admin.inspect(gate.run_id).status == "waiting", alive=alive)
+        ui = UI(sc)
+        ui.reads(essay, gate, "essay")
+        code, body = ui.post(f"/api/runs/{gate.run_id}/gates/approval", {"action": "approve", "reason": "acl"})
+        if code != 200:
+            raise Broken("UI: approve a gate", f"HTTP {code}: {ui_refusal(body)}")
+        within("UI: approve a gate", finished(admin, gate), alive=alive)
+        sc.ok("UI: approve a gate")
+        ui.no_errors()
 
         listener = probe.pubsub()
         listener.psubscribe("/0.celeryev/*")
@@ -295,7 +429,7 @@ def client_scenario(sc: Scenario) -> None:
     probe = redis.Redis.from_url(sc.admin_url, decode_responses=True)
     admin = TaskLoop(sc.admin_url)
     try:
-        # a run whose records expired but that is still in the runs index: `runs` forgets it
+        # a run whose records expired but that is still in the run lists: `runs` does not show it
         gone = start_by_name(admin, "essay", {"topic": "gone"})
         within("(setup) a run to forget", finished(admin, gone))
         probe.delete(f"tl:{{{gone.run_id}}}")
@@ -321,7 +455,7 @@ def client_scenario(sc: Scenario) -> None:
 
 
 def monitor_scenario(sc: Scenario) -> None:
-    alive = sc.alive("metrics", "flower")
+    alive = sc.alive("metrics", "ui")
     admin = TaskLoop(sc.admin_url)
     try:
         first = start_by_name(admin, "essay", {"topic": "monitor"})
@@ -334,18 +468,15 @@ def monitor_scenario(sc: Scenario) -> None:
             reconcile(admin.store, admin.settings, admin.send)  # a pass on record (the worker's thread is off)
             with redis.Redis.from_url(sc.admin_url) as probe:  # due now: status and the exporter read its leases
                 probe.zadd("tl:live", {live.run_id: 0})
-            _monitor_steps(sc, alive)
+            _monitor_steps(sc, alive, first, live)
         finally:
             admin.cancel(live.run_id, "monitor scenario over")
     finally:
         admin.close()
 
 
-def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
+def _monitor_steps(sc: Scenario, alive: Callable[[], str | None], done: RunHandle, live: RunHandle) -> None:
     _, env = sc.stack.command("metrics")
-    with redis.Redis.from_url(sc.admin_url) as admin:
-        admin.script_flush()  # the monitor may be the first to run kombu's binding script after a restart
-        stale_binding(admin)
     status = subprocess.run([sys.executable, "-m", "taskloop", "status", "--json"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     if status.returncode != 0:
@@ -354,9 +485,6 @@ def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
     if not found["workers"] or "taskloop" not in found["queues"] or found["reconciler_last_pass"] is None \
             or found["live_runs_by_status"].get("running", 0) < 1:
         raise Broken("taskloop status --json", f"incomplete: {status.stdout[:400]}")
-    with redis.Redis.from_url(sc.admin_url) as admin:
-        if not swept(admin):
-            raise Broken("taskloop status --json", "kombu's sweep of overdue binding tables did not run")
     sc.ok("taskloop status --json")
 
     fleet = sc.stack.address("metrics", 9809)
@@ -371,6 +499,31 @@ def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
     within("the fleet exporter", scraped, alive=alive)
     sc.ok("the fleet exporter")
 
+    # `taskloop ui --read-only` as this user: the worker's UI pages, and no action
+    ui = UI(sc)
+    ui.reads(done, live, "essay")
+    code, body = ui.post(f"/api/runs/{live.run_id}/cancel", {"reason": "read-only"})
+    if code != 403 or "read-only" not in body.decode(errors="replace"):
+        raise Broken("UI: read-only refuses actions", f"HTTP {code}: {ui_refusal(body)}")
+    sc.ok("UI: read-only refuses actions")
+    ui.no_errors()
+
+
+def flower_scenario(sc: Scenario) -> None:
+    admin = TaskLoop(sc.admin_url)
+    live = start_by_name(admin, "ops-slow", {})  # a live run: its phases send Flower events
+    try:
+        _flower_steps(sc)
+    finally:
+        admin.cancel(live.run_id, "flower scenario over")
+        admin.close()
+
+
+def _flower_steps(sc: Scenario) -> None:
+    alive = sc.alive("flower")
+    with redis.Redis.from_url(sc.admin_url) as admin:
+        admin.script_flush()  # Flower may be the first to run kombu's binding script after a restart
+        stale_binding(admin)
     flower = sc.stack.address("flower", 5555)
     auth = sc.stack.env["FLOWER_BASIC_AUTH"]
 
@@ -383,9 +536,16 @@ def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
     within("Flower lists the workers", lambda: any(n.startswith("worker") for n in api("/api/workers?refresh=1")),
            timeout=20, alive=alive)
     sc.ok("Flower lists the workers")
+    # Flower turns task events on in the workers it finds, 5 s after it starts and every 5 s
+    # after: once it has, it sees the phases of the live run. A run started before that sends it
+    # no event at all (this step used to start its run at once, and failed whenever the steps
+    # before it took less than Flower's first 5 s).
+    within("Flower turns task events on", lambda: api("/api/tasks?limit=1"),
+           timeout=20, alive=alive)
+    sc.ok("Flower turns task events on")
     admin = TaskLoop(sc.admin_url)
     try:
-        # Flower turns task events on in the workers it finds; then it sees every phase
+        # then it sees every phase of a run
         handle = start_by_name(admin, "essay", {"topic": "flower"})
         within("(setup) a run for Flower", finished(admin, handle))
         within("Flower sees the tasks (events)",
@@ -398,6 +558,9 @@ def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
     if not any(q["name"] == "taskloop" for q in queues["active_queues"]):
         raise Broken("Flower reads the queue length", str(queues)[:300])
     sc.ok("Flower reads the queue length")
+    with redis.Redis.from_url(sc.admin_url) as admin:
+        within("Flower's inspect sweeps an overdue kombu binding table", lambda: swept(admin), alive=alive)
+    sc.ok("Flower sweeps overdue binding tables")
     # Flower retries what fails (an inspect call, the event capture), so a refused command shows in
     # its log before it shows anywhere else (inspect calls that time out are normal at start-up)
     failures = log_failures(sc.stack.replicas["flower"][0].text(), "no permissions", "NOPERM", "[E ", "Traceback")
@@ -407,7 +570,7 @@ def _monitor_steps(sc: Scenario, alive: Callable[[], str | None]) -> None:
 
 
 SCENARIOS: dict[str, Callable[[Scenario], None]] = {
-    "worker": worker_scenario, "client": client_scenario, "monitor": monitor_scenario}
+    "worker": worker_scenario, "client": client_scenario, "monitor": monitor_scenario, "flower": flower_scenario}
 
 
 # --- one role, for real ---------------------------------------------------------------------------
@@ -465,12 +628,17 @@ class Roles:
         try:
             for group in (first, then):
                 for name in group:
-                    env = (MONITOR_WORKER_ENV if role == "monitor" else WORKER_ENV) \
+                    env = (MONITOR_WORKER_ENV if role in ("monitor", "flower") else WORKER_ENV) \
                         if name in ("worker", "reconciler") else None
                     extra = ["--import", "tests.ops.flows"] if name in ("worker", "reconciler") else None
+                    if name == "ui":
+                        extra = UI_ARGS[role]
+                        env = {"TASKLOOP_REDIS_URL": self.stack.redis_url(role)} if role != "worker" else None
                     self._start(name, extra, env)
                 if "worker" in group:
                     self._ready(self.stack.replicas["worker"][0])
+                if "ui" in group:
+                    self._ui_ready(sc)
                 if role == "worker" and group is first:  # before Flower (monitor) could sweep it
                     within("sweep an overdue kombu binding table", lambda: swept(self.admin), timeout=15,
                            alive=sc.alive("worker"))
@@ -501,6 +669,11 @@ class Roles:
             if time.monotonic() > deadline:
                 raise Broken("worker start", f"not ready in {timeout:.0f} s: {replica.text()[-600:]}")
             time.sleep(0.05)
+
+    def _ui_ready(self, sc: Scenario, timeout: float = 30.0) -> None:
+        """The ui service's compose health check (/healthz: no credentials, no Redis)."""
+        url = f"http://{self.stack.address('ui', UI_PORT)}/healthz"
+        within("UI start", lambda: http_get(url)[0] == 200, timeout=timeout, alive=sc.alive("ui"))
 
     def close(self) -> None:
         self.admin.close()

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from taskloop.embedded import free_port
+from taskloop.ops.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -137,8 +137,10 @@ def fresh_env() -> dict[str, str]:
     for name in env_names():
         if name.endswith("PASSWORD"):
             env[name] = secrets.token_hex(16)
-        elif name == "FLOWER_BASIC_AUTH":
+        elif name in ("FLOWER_BASIC_AUTH", "UI_BASIC_AUTH"):
             env[name] = f"ops:{secrets.token_hex(8)}"
+        elif name == "UI_SECRET":
+            env[name] = secrets.token_hex(32)
         elif name == "WORKER_CONCURRENCY":
             env[name] = "2"
         else:

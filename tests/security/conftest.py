@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from taskloop.client import TaskLoop
-from taskloop.embedded import RedisServer
+from taskloop.ops.embedded import RedisServer
+from taskloop.runtime.client import TaskLoop
 from tests.conftest import Workers, _redis_available
 
 FLOWS = ("tests.security.flows",)

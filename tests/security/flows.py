@@ -107,3 +107,18 @@ big_activation = tl.define_graph_workflow(
     steps={"step": tl.step(lambda ctx: 1), "next": tl.step(lambda ctx: 2)}, transitions=[("step", "next")],
     handler=tl.TransitionHandler("activate-big", "1", _activate_big), initial_state={},
 )
+
+
+# a loop that records untrusted text from its input as its candidate and as every feedback (the
+# reviewer model's reply is untrusted); it exhausts its two rounds
+def _echo(ctx: tl.LoopContext, feedback: str | None) -> Any:
+    return ctx.input.get("output")
+
+
+def _hostile_review(ctx: tl.LoopContext, candidate: Any) -> tl.LoopCheck:
+    return tl.LoopCheck(done=False, feedback=ctx.input["feedback"])
+
+
+hostile_text = tl.define_workflow("sec-hostile-text", version="1", tasks=[
+    tl.define_loop_task("review", max_rounds=2, attempt=_echo, check=_hostile_review),
+])

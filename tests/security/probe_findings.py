@@ -16,10 +16,10 @@ from pathlib import Path
 
 import redis
 
-from taskloop.app import make_app
-from taskloop.client import TaskLoop
-from taskloop.config import Settings
-from taskloop.embedded import free_port
+from taskloop.base.config import Settings
+from taskloop.ops.embedded import free_port
+from taskloop.runtime.celery_app import make_app
+from taskloop.runtime.client import TaskLoop
 from tests.servers import Node, base_args, make_tls_files, tls_node
 
 tmp = Path(tempfile.mkdtemp())

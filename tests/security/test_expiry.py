@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from taskloop.config import min_lease_s
+from taskloop.base.config import min_lease_s
 from taskloop.store import keys as k
 from taskloop.worker import cache as caching
 from taskloop.worker.reconciler import reconcile

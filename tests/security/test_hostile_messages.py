@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from taskloop.events import Event
-from taskloop.store import Batch, RedisStore
+from taskloop.core.batch import Batch
+from taskloop.core.events import Event
 from taskloop.store import keys as k
+from taskloop.store.redis_store import RedisStore
 from tests.security import flows
 from tests.security.conftest import Stack
 from tests.waiting import wait_until

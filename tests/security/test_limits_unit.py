@@ -10,14 +10,19 @@ from typing import Any, cast
 import pytest
 
 import taskloop as tl
-from taskloop import limits, starting
-from taskloop.config import Settings
-from taskloop.context import LoopContext, Signal, TaskContext
-from taskloop.phases import EventKind, Phase, Slot, TaskKind, TaskRecord, TaskStatus
-from taskloop.store import RedisStore, Snapshot
+from taskloop.base import limits, text
+from taskloop.base.config import Settings
+from taskloop.core import fields as fld
+from taskloop.core import outcomes
+from taskloop.core.phases import EventKind, Phase, Slot, TaskRecord, TaskStatus
+from taskloop.core.snapshot import Snapshot
+from taskloop.define.context import LoopContext, Signal, TaskContext
+from taskloop.define.tasks import TaskKind
+from taskloop.runtime import starting
 from taskloop.store import keys as k
+from taskloop.store.redis_store import RedisStore
 from taskloop.worker import cache as caching
-from taskloop.worker import outcomes, recovery
+from taskloop.worker import recovery
 from taskloop.worker.callbacks import Usage, call_phase, error_record
 from taskloop.worker.executor import Executor
 
@@ -135,7 +140,7 @@ def test_a_plain_output_over_the_cap_fails_with_output_too_large() -> None:
 def test_an_output_at_the_cap_is_recorded() -> None:
     task = _plain(lambda ctx: "x" * (MIB - 2))
     outcome = call_phase(task, Phase.RUN, _ctx(), Snapshot("r1", {}), CAPS)
-    assert outcome.kind is EventKind.SUCCEED and len(outcome.data[k.value_field("emit")]) == MIB
+    assert outcome.kind is EventKind.SUCCEED and len(outcome.data[fld.value_field("emit")]) == MIB
 
 
 def test_a_candidate_over_the_cap_fails_before_check_runs() -> None:
@@ -146,7 +151,7 @@ def test_a_candidate_over_the_cap_fails_before_check_runs() -> None:
 
 def test_a_check_feedback_over_the_cap_fails_with_output_too_large() -> None:
     task = _loop(check=lambda ctx, candidate: tl.LoopCheck(done=False, feedback="f" * (2 * MIB)))
-    snap = Snapshot("r1", {k.candidate_field("emit", 1): "1"})
+    snap = Snapshot("r1", {fld.candidate_field("emit", 1): "1"})
     outcome = call_phase(task, Phase.CHECK, _ctx(round=1, phase="check"), snap, CAPS)
     _assert_too_large(outcome, "the check result (its feedback) of task emit round 1", "TASKLOOP_MAX_FEEDBACK_BYTES")
 
@@ -177,13 +182,13 @@ def test_notes_over_the_cap_are_replaced_by_a_note_and_never_fail_the_phase() ->
 
     outcome = call_phase(_plain(noted), Phase.RUN, _ctx(), Snapshot("r1", {}), CAPS)
     assert outcome.kind is EventKind.SUCCEED
-    note = outcome.data[k.notes_field("emit", 1, "run")]
+    note = outcome.data[fld.notes_field("emit", 1, "run")]
     assert len(note) < 200 and "over TASKLOOP_MAX_OUTPUT_BYTES=1048576" in note
 
 
 def test_an_error_message_is_cut() -> None:
     error = error_record(ValueError("e" * (10 * MIB)))
-    assert len(error.message) < limits.MESSAGE_LIMIT + 100 and error.message.endswith("more characters cut)")
+    assert len(error.message) < text.MESSAGE_LIMIT + 100 and error.message.endswith("more characters cut)")
 
 
 def _running(**fields: Any) -> TaskRecord:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import taskloop as tl
+from taskloop.core import fields as fld
 from taskloop.store import keys as k
 from tests.security import flows
 from tests.security.conftest import Stack
@@ -73,7 +74,7 @@ def test_a_candidate_over_the_cap_fails_before_check_runs(stack: Stack) -> None:
     assert result.status == "failed" and result.errors[0].type == "OutputTooLarge"
     assert "the candidate of task draft round 1" in result.errors[0].message
     fields = stack.probe.hgetall(k.RunKeys.of(result.run_id).run)
-    assert k.candidate_field("draft", 1) not in fields and k.check_field("draft", 1) not in fields
+    assert fld.candidate_field("draft", 1) not in fields and fld.check_field("draft", 1) not in fields
     assert _largest_field(stack, result.run_id) < 20_000
 
 
@@ -81,7 +82,7 @@ def test_a_check_feedback_over_the_cap_fails_the_check(stack: Stack) -> None:
     result = stack.client.start(flows.big_feedback, input={"feedback": TWO_MB}).wait(timeout=30)
     assert result.status == "failed" and result.errors[0].type == "OutputTooLarge"
     assert "the check result (its feedback) of task draft round 1" in result.errors[0].message
-    assert k.check_field("draft", 1) not in stack.probe.hgetall(k.RunKeys.of(result.run_id).run)
+    assert fld.check_field("draft", 1) not in stack.probe.hgetall(k.RunKeys.of(result.run_id).run)
     assert _largest_field(stack, result.run_id) < 20_000
 
 
@@ -92,7 +93,7 @@ def test_a_usage_receipt_id_over_its_cap_fails_the_phase(stack: Stack) -> None:
     assert result.status == "failed" and result.errors[0].type == "OutputTooLarge"
     assert "usage receipt id reported by task bill is 1,025 bytes" in result.errors[0].message
     fields = stack.probe.hgetall(k.RunKeys.of(result.run_id).run)
-    assert not [name for name in fields if str(name).startswith(k.receipt_field(""))]
+    assert not [name for name in fields if str(name).startswith(fld.receipt_field(""))]
 
 
 def test_notes_over_the_cap_are_dropped_and_the_phase_succeeds(stack: Stack) -> None:

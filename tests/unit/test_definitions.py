@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 import taskloop as tl
-from taskloop.definitions import REGISTRY, TaskKind
-from taskloop.errors import DefinitionError, InvalidCheckResult, TaskLoopError
-from taskloop.options import MAX_SAFE_INT, MAX_TIMEOUT_MS, LoopCheck
+from taskloop.base.errors import DefinitionError, InvalidCheckResult, TaskLoopError
+from taskloop.define.options import MAX_SAFE_INT, MAX_TIMEOUT_MS, LoopCheck
+from taskloop.define.tasks import TaskKind
+from taskloop.define.workflow import REGISTRY
 
 NAME_RULE = re.escape("must match [A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ROUNDS_MSG = "max_rounds must be a positive safe integer"
@@ -554,7 +555,7 @@ def test_loop_check_coerce_accepts_dicts(value: dict[str, Any], done: bool, feed
         {"done": 1},
         {"done": "yes"},
         {"done": None, "feedback": "x"},
-        {"done": True, "score": 90},
+        {"done": True, "verdict": "ok"},
     ],
     ids=repr,
 )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import taskloop as tl
-from taskloop.graph import action_key, step_of
+from taskloop.base.names import action_key, step_of
 
 
 def review(ctx: Any) -> dict[str, bool]:

@@ -1,4 +1,4 @@
-"""Lossless JSON (SPEC section 3, point 8): taskloop/jsonvalue.py."""
+"""Lossless JSON (SPEC section 3, point 8): taskloop/base/jsonvalue.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from taskloop.errors import InvalidInput, InvalidOutput
-from taskloop.jsonvalue import canonical, dumps, lossless_problem, require_lossless
+from taskloop.base.errors import InvalidInput, InvalidOutput
+from taskloop.base.jsonvalue import canonical, dumps, lossless_problem, require_lossless
 
 LOSSLESS_MSG = "must be lossless JSON values"
 

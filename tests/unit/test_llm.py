@@ -1,4 +1,4 @@
-"""taskloop.llm without a server: the affirmative rule, the prompt, usage mapping, configuration errors."""
+"""taskloop.connections.llm without a server: the affirmative rule, the prompt, usage mapping, configuration errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from taskloop import llm
-from taskloop.errors import TaskLoopError
+from taskloop.base.errors import LLMCallFailed, LLMNotConfigured, TaskLoopError
+from taskloop.connections import llm
 
 # Go Micro flow/loop.go isAffirmative: strings.ToLower(strings.TrimSpace(s)), then strings.HasPrefix with
 # yes, done, true, complete, finished. The first seven rows are Go Micro's own TestIsAffirmative table.
@@ -167,7 +167,7 @@ def test_not_configured(clean_env: pytest.MonkeyPatch, env: dict[str, str], miss
     for name, value in env.items():
         clean_env.setenv(name, value)
 
-    with pytest.raises(llm.LLMNotConfigured) as info:
+    with pytest.raises(LLMNotConfigured) as info:
         llm.ask("Done?", {"n": 1})  # fails before any request
 
     assert str(info.value) == (
@@ -192,7 +192,7 @@ def test_config_from_env(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_environment_is_read_at_call_time(clean_env: pytest.MonkeyPatch) -> None:
-    with pytest.raises(llm.LLMNotConfigured):
+    with pytest.raises(LLMNotConfigured):
         llm.LLMConfig.from_env()
     clean_env.setenv(llm.ENV_BASE_URL, "http://127.0.0.1:1/v1")
     clean_env.setenv(llm.ENV_MODEL, "m")
@@ -216,7 +216,7 @@ def test_verdict_round_trips_through_json() -> None:
 
 
 def test_call_failed_pickles_with_its_details() -> None:
-    error = llm.LLMCallFailed("boom", url="http://h/v1/chat/completions", status=500, retryable=True)
+    error = LLMCallFailed("boom", url="http://h/v1/chat/completions", status=500, retryable=True)
     copy = pickle.loads(pickle.dumps(error))
 
     assert (str(copy), copy.url, copy.status, copy.retryable) == ("boom", error.url, 500, True)

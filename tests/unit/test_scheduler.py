@@ -8,11 +8,12 @@ import json
 import pytest
 
 import taskloop as tl
-from taskloop.config import Settings
-from taskloop.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, advance
-from taskloop.scheduler import Planner, initial_record, prepared_begin
-from taskloop.store import Snapshot
-from taskloop.store import keys as k
+from taskloop.base.config import Settings
+from taskloop.core import fields as fld
+from taskloop.core.begin import initial_record, prepared_begin
+from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, advance
+from taskloop.core.planner import Planner
+from taskloop.core.snapshot import Snapshot
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 1000.0
@@ -32,7 +33,8 @@ class Run:
     """A run hash in memory, with a loader that logs which fields each decision read."""
 
     def __init__(self, wf: tl.Workflow, **meta: str) -> None:
-        self.fields: dict[str, str] = {k.F_WORKFLOW: wf.name, k.F_VERSION: wf.version, k.F_STATUS: "running", **meta}
+        self.fields: dict[str, str] = {fld.F_WORKFLOW: wf.name, fld.F_VERSION: wf.version, fld.F_STATUS: "running",
+                                       **meta}
         self.records = {task.key: initial_record(task) for task in wf.tasks}
         self.reads: list[str] = []
 
@@ -51,9 +53,10 @@ class Run:
         return snap
 
     def _get(self, name: str) -> str | None:
-        if name.startswith(k.TASK_PREFIX):
-            record = self.records.get(k.key_of_task_field(name))
-            return record.dump() if record else None
+        for key, record in self.records.items():  # a record is its JSON and its execution fields
+            stored = dict(zip(fld.record_fields(key), (record.dump(), *record.execution()), strict=True))
+            if name in stored:
+                return stored[name]
         return self.fields.get(name)
 
 
@@ -69,23 +72,23 @@ def test_new_run_activates_only_roots_and_counts_its_tasks() -> None:
     assert planner.tasks["b"].waiting_on == 1
     assert sorted((d.key, d.phase) for d in planner.dispatches) == [("a", Phase.RUN), ("d", Phase.RUN)]
     batch = planner.batch()
-    assert [(g[0], g[1]) for g in batch.guards] == [("nx", k.F_WORKFLOW), ("nx", k.F_CONTROL)]
-    assert batch.hset[k.F_OPEN] == "4" and batch.hset[k.F_ACTIVE] == "2" and batch.hset[k.F_PAUSED] == "0"
+    assert [(g[0], g[1]) for g in batch.guards] == [("nx", fld.F_WORKFLOW), ("nx", fld.F_CONTROL)]
+    assert batch.hset[fld.F_OPEN] == "4" and batch.hset[fld.F_ACTIVE] == "2" and batch.hset[fld.F_PAUSED] == "0"
     assert set(batch.leases) == {"a", "d"}
-    assert k.begin_field("a") in batch.hset  # the first phases are prepared for begin.lua
+    assert fld.begin_field("a") in batch.hset  # the first phases are prepared for begin.lua
 
 
 def test_finishing_a_task_reads_and_guards_only_its_dependents() -> None:
     wf = _flow()
     run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE)
-    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("a"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("a", PhaseEvent(EventKind.SUCCEED, NOW))
     assert planner.tasks["b"].state is State.QUEUED_ATTEMPT and planner.tasks["b"].round == 1
     assert [(d.key, d.phase, d.round) for d in planner.dispatches] == [("b", Phase.ATTEMPT, 1)]
     # it read its dependent and the run's outcome fields; never d or c
-    assert k.task_field("d") not in run.reads and k.task_field("c") not in run.reads
-    assert guarded(planner) == {k.task_field("a"), k.task_field("b"), k.F_CONTROL,
-                                k.F_TERMINATION, k.F_REJECTED, k.F_STATUS}
+    assert fld.task_field("d") not in run.reads and fld.task_field("c") not in run.reads
+    assert guarded(planner) == {fld.task_field("a"), fld.task_field("b"), fld.F_CONTROL,
+                                fld.F_TERMINATION, fld.F_REJECTED, fld.F_STATUS}
     phase_events = [(e.key, e.round, e.phase) for e in planner.events if e.type == "phase"]
     assert phase_events == [("b", 1, "attempt")]
 
@@ -94,11 +97,35 @@ def test_a_loop_round_only_reads_and_guards_its_own_record() -> None:
     wf = _flow()
     run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
     run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("b"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, NOW))
     assert run.reads == []
-    assert guarded(planner) == {k.task_field("b"), k.F_CONTROL}
+    assert guarded(planner) == {fld.task_field("b"), fld.F_CONTROL}
     assert [(d.key, d.phase) for d in planner.dispatches] == [("b", Phase.CHECK)]
+
+
+def test_an_ended_execution_is_cleared_in_the_hset_it_sends_anyway() -> None:
+    wf = _flow()
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
+    run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE)
+    run.records["b"] = advance(run.records["b"], PhaseEvent(EventKind.BEGIN, NOW, worker="w1", timeout_ms=1000))
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, NOW))
+    batch = planner.batch()
+    # the check waits in the queue: nobody runs it (worker, began cleared), its round keeps its deadline
+    assert batch.hset[fld.worker_field("b")] == "" and batch.hset[fld.began_field("b")] == ""
+    assert fld.deadline_field("b") not in batch.hset and batch.hdel == []  # unchanged deadline; no HDEL
+    cleared = run.records["b"] = planner.tasks["b"]
+    assert cleared.worker is None and cleared.began_at is None  # as the next reader loads it
+    loaded = type(cleared).load(cleared.dump(), "", "", repr(NOW + 1.0))
+    assert loaded.worker is None and loaded.began_at is None and loaded.deadline == NOW + 1.0
+    run.records["b"] = advance(cleared, PhaseEvent(EventKind.BEGIN, NOW, worker="w2"))
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW, SETTINGS)
+    planner.outcome("b", PhaseEvent(EventKind.ACCEPT, NOW))
+    batch = planner.batch()
+    assert planner.tasks["b"].terminal and planner.tasks["b"].worker == "w2"  # who ran it last stays
+    assert not set(fld.record_fields("b")[1:]) & set(batch.hset)  # unchanged: not written again
+    assert batch.hdel == [fld.begin_field("b")]
 
 
 def test_the_cost_of_a_phase_does_not_grow_with_its_run() -> None:
@@ -106,59 +133,59 @@ def test_the_cost_of_a_phase_does_not_grow_with_its_run() -> None:
     tasks = [tl.define_task(f"t{i}", run=lambda ctx: 1) for i in range(5000)]
     wf = tl.define_workflow("wide-plan", version="1", tasks=tasks)
     run = Run(wf).step("t7", EventKind.ACTIVATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("t7"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("t7"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("t7", PhaseEvent(EventKind.SUCCEED, NOW))
     batch = planner.batch()
-    assert set(run.reads) <= {k.F_TERMINATION, k.F_REJECTED, k.F_STATUS}
-    assert [name for name in batch.hset if name.startswith(k.TASK_PREFIX)] == [k.task_field("t7")]
+    assert set(run.reads) <= {fld.F_TERMINATION, fld.F_REJECTED, fld.F_STATUS, fld.F_CREATED}
+    assert [name for name in batch.hset if name.startswith(fld.TASK_PREFIX)] == [fld.task_field("t7")]
     assert batch.open_delta == -1  # the run ends if this was the last open task (cas.lua decides)
 
 
 def test_failure_with_stop_on_error_stops_the_run_and_skips_its_dependents() -> None:
     wf = _flow(stop_on_error=True)
     run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE)
-    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("a"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW, error=ErrorRecord(type="KeyError", message="x")))
     assert {key: rec.state for key, rec in planner.tasks.items()} == {
         "a": State.FAILED, "b": State.SKIPPED, "c": State.SKIPPED}
     assert planner.tasks["b"].reason == "stopped"
-    assert planner.run_updates[k.F_CONTROL] == "stop:failed" and planner.run_updates[k.F_TERMINATION] == "failed"
+    assert planner.run_updates[fld.F_CONTROL] == "stop:failed" and planner.run_updates[fld.F_TERMINATION] == "failed"
     assert planner.dispatches == []
     # d is not touched here: its worker sees the control flag and records it cancelled
     batch = planner.batch()
-    assert batch.open_delta == -3 and batch.final.hset[k.F_STATUS] == "failed"
+    assert batch.open_delta == -3 and batch.final.hset[fld.F_STATUS] == "failed"
 
 
 def test_failure_without_stop_on_error_lets_other_branches_run() -> None:
     wf = _flow(stop_on_error=False)
     run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN).step("d", EventKind.ACTIVATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("a"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW))
     assert planner.tasks["b"].state is State.SKIPPED and planner.tasks["b"].reason == "dependency"
     assert planner.tasks["c"].state is State.SKIPPED
-    assert k.F_CONTROL not in planner.run_updates
-    assert planner.run_updates[k.F_TERMINATION] == "failed"
+    assert fld.F_CONTROL not in planner.run_updates
+    assert planner.run_updates[fld.F_TERMINATION] == "failed"
 
 
 def test_budget_failure_stops_even_without_stop_on_error() -> None:
     wf = _flow(stop_on_error=False)
     run = Run(wf).step("a", EventKind.ACTIVATE).step("d", EventKind.ACTIVATE)
-    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("a"), fld.F_CONTROL), NOW, SETTINGS)
     error = ErrorRecord(type="WorkflowBudgetExceeded", message="spent")
     planner.outcome("a", PhaseEvent(EventKind.FAIL, NOW, error=error))
-    assert planner.run_updates[k.F_CONTROL] == "stop:limit"
-    assert planner.run_updates[k.F_TERMINATION] == "limit"
-    assert planner.batch().final.hset[k.F_TERMINATION] == "limit"
+    assert planner.run_updates[fld.F_CONTROL] == "stop:limit"
+    assert planner.run_updates[fld.F_TERMINATION] == "limit"
+    assert planner.batch().final.hset[fld.F_TERMINATION] == "limit"
 
 
 def test_a_cancelled_run_cancels_what_would_have_started() -> None:
     wf = _flow()
-    run = Run(wf, **{k.F_CONTROL: "cancel:user"}).step("a", EventKind.ACTIVATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("a"), k.F_CONTROL), NOW, SETTINGS)
+    run = Run(wf, **{fld.F_CONTROL: "cancel:user"}).step("a", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("a"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("a", PhaseEvent(EventKind.CANCEL, NOW, reason="cancelled"))
     assert planner.tasks["b"].state is State.CANCELLED and planner.tasks["c"].state is State.CANCELLED
     final = planner.batch().final
-    assert (final.hset[k.F_STATUS], final.hset[k.F_TERMINATION]) == ("cancelled", "aborted")
+    assert (final.hset[fld.F_STATUS], final.hset[fld.F_TERMINATION]) == ("cancelled", "aborted")
 
 
 def test_the_last_terminal_task_carries_the_writes_that_end_the_run() -> None:
@@ -167,20 +194,21 @@ def test_the_last_terminal_task_carries_the_writes_that_end_the_run() -> None:
     for key in ("a", "d"):
         run.step(key, EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
     run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE, EventKind.BEGIN, EventKind.CANDIDATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("b"), k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("b", PhaseEvent(EventKind.ACCEPT, NOW))
     assert planner.tasks["c"].state is State.QUEUED_RUN
     batch = planner.batch()
     final = batch.final
     assert batch.open_delta == -1
-    assert final.hset[k.F_STATUS] == "done" and final.ttl == SETTINGS.retention_s
+    assert final.hset[fld.F_STATUS] == "done" and final.ttl == SETTINGS.retention_s
     assert final.end_marker == "done" and [e.type for e in final.events] == ["run.finished"]
 
 
 def test_a_run_that_already_ended_is_never_finished_twice() -> None:
     wf = _flow()
-    run = Run(wf, **{k.F_STATUS: "failed", k.F_CONTROL: "stop:failed"}).step("d", EventKind.ACTIVATE, EventKind.BEGIN)
-    planner = Planner(wf, run.snapshot(k.task_field("d"), k.F_CONTROL), NOW, SETTINGS)
+    run = Run(wf, **{fld.F_STATUS: "failed", fld.F_CONTROL: "stop:failed"})
+    run = run.step("d", EventKind.ACTIVATE, EventKind.BEGIN)
+    planner = Planner(wf, run.snapshot(*fld.record_fields("d"), fld.F_CONTROL), NOW, SETTINGS)
     planner.outcome("d", PhaseEvent(EventKind.CANCEL, NOW, reason="stopped"))
     batch = planner.batch()
     assert batch.open_delta == -1 and batch.final.program() == {}
@@ -198,31 +226,33 @@ def test_prepared_begin_leaves_worker_time_and_deadline_to_begin_lua() -> None:
     assert prepared["cons"] == 0  # no attempts budget: the run needs no attempt counter
     assert prepared["tmo"] == 1.5 and prepared["dl"] is None  # a new round: begin.lua sets the deadline
     assert prepared["rd"] == []  # an attempt cannot end the task: nothing to read for its outcome
-    assert '"worker"' not in prepared["rec"] and not prepared["rec"].endswith("}")
+    running_json = json.loads(prepared["rec"])  # whole JSON, written as it is: begin.lua assembles none
+    assert running_json["slot"] == "running" and not {"worker", "began_at", "deadline"} & set(running_json)
     running = advance(queued, PhaseEvent(EventKind.BEGIN, NOW, timeout_ms=1500))
     check = advance(running, PhaseEvent(EventKind.CANDIDATE, NOW))
     prepared = json.loads(prepared_begin(wf, check, SETTINGS) or "{}")
     assert prepared["dl"] == NOW + 1.5 and prepared["tmo"] is None  # the check keeps its round's deadline
-    assert prepared["rd"] == [k.task_field("y")]  # the dependents (the run's status fields come with the record)
+    # the dependents' records with their execution fields (the run's status fields come with the record)
+    assert prepared["rd"] == list(fld.record_fields("y"))
 
 
 def test_resume_recounts_what_a_reopened_task_waits_for() -> None:
     wf = _flow(stop_on_error=True)
-    run = Run(wf, **{k.F_STATUS: "failed", k.F_TERMINATION: "failed", k.F_CONTROL: "stop:failed"})
+    run = Run(wf, **{fld.F_STATUS: "failed", fld.F_TERMINATION: "failed", fld.F_CONTROL: "stop:failed"})
     run.step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.FAIL)
     run.step("b", EventKind.SKIP).step("c", EventKind.SKIP)
     run.step("d", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
-    planner = Planner(wf, run.snapshot(k.F_CONTROL), NOW, SETTINGS)
+    planner = Planner(wf, run.snapshot(fld.F_CONTROL), NOW, SETTINGS)
     planner.resume({"a"})
     assert planner.tasks["a"].state is State.QUEUED_RUN
     assert (planner.tasks["b"].state, planner.tasks["b"].waiting_on) == (State.WAITING, 1)
     assert planner.tasks["d"].state is State.DONE
     batch = planner.batch()
-    assert batch.hincr[k.F_OPEN] == 3 and k.F_CONTROL in batch.hdel and batch.revive
+    assert batch.hincr[fld.F_OPEN] == 3 and fld.F_CONTROL in batch.hdel and batch.revive
 
 
 def test_records_from_a_snapshot_that_does_not_parse_are_refused() -> None:
-    snap = Snapshot("r1", {k.task_field("a"): '{"key": "a", "kind": "task", "status": "exploded"}'})
+    snap = Snapshot("r1", {fld.task_field("a"): '{"key": "a", "kind": "task", "status": "exploded"}'})
     with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
         snap.record("a")
 

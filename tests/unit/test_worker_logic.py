@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 
 import taskloop as tl
-from taskloop.errors import TaskLoopError
-from taskloop.phases import ErrorRecord, EventKind, Phase, Slot, TaskRecord, TaskStatus
-from taskloop.store import Snapshot
-from taskloop.store import keys as k
+from taskloop.base.errors import TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core import outcomes
+from taskloop.core.outcomes import Outcome
+from taskloop.core.phases import ErrorRecord, EventKind, Phase, Slot, TaskRecord, TaskStatus
+from taskloop.core.snapshot import Snapshot
 from taskloop.worker import cache as caching
-from taskloop.worker import outcomes, recovery
-from taskloop.worker.outcomes import Outcome
+from taskloop.worker import recovery
 
 NOW = 1000.0
 BOOM = ErrorRecord(type="ValueError", message="boom")
@@ -116,9 +117,9 @@ INCONSISTENT = [
      "the record allows 3 rounds, the definition 5"),
     ("check without candidate", _loop(), _queued(Phase.CHECK, 2), {},
      "round 2 is in check but has no recorded candidate"),
-    ("candidate not JSON", _loop(), _queued(Phase.CHECK, 2), {k.candidate_field("fix", 2): "{oops"},
+    ("candidate not JSON", _loop(), _queued(Phase.CHECK, 2), {fld.candidate_field("fix", 2): "{oops"},
      "the candidate of round 2 is not JSON"),
-    ("attempt without rejection", _loop(), _queued(Phase.ATTEMPT, 2), {k.check_field("fix", 1): '{"done": true}'},
+    ("attempt without rejection", _loop(), _queued(Phase.ATTEMPT, 2), {fld.check_field("fix", 1): '{"done": true}'},
      "round 2 started but round 1 has no recorded rejection"),
 ]
 
@@ -130,7 +131,7 @@ def test_inconsistencies_are_named(label: str, task: tl.Task, record: TaskRecord
 
 
 def test_a_consistent_record_has_no_problem() -> None:
-    data = {k.check_field("fix", 1): '{"done": false, "feedback": "again"}', k.candidate_field("fix", 2): "7"}
+    data = {fld.check_field("fix", 1): '{"done": false, "feedback": "again"}', fld.candidate_field("fix", 2): "7"}
     snap = Snapshot("r1", data)
     assert recovery.inconsistency(_loop(), _queued(Phase.ATTEMPT, 2), snap) is None
     assert recovery.inconsistency(_loop(), _queued(Phase.CHECK, 2), snap) is None

@@ -1,30 +1,32 @@
--- begin.lua: begin a prepared phase, or read what the caller needs to decide itself — one call.
+-- begin.lua: begin a prepared phase, or read what the caller needs to decide itself: one call.
 --
--- When the scheduler queued a phase it also stored, in hash field "b:<key>", what beginning it
--- writes (for the record with that token): the running record computed by the pure state machine (without its worker, begin time
--- and deadline, which only the executing worker knows), the budget caps to admit it against and
--- the lease terms. This script checks that the message and the record still match, fills in
--- those three fields, writes the record, counts the attempt and takes the lease.
+-- When the scheduler queued a phase it also stored, in a hash field of the run (ARGV[1]), what
+-- beginning it writes for the record with that token: the running record's JSON, computed by the
+-- pure state machine (taskloop/core/begin.py), the budget caps to admit it against and the lease
+-- terms. This script checks that the message and the record still match, writes that JSON as it
+-- is, and writes the execution (who runs it, since when, until when) as plain values in their
+-- own fields: it assembles no JSON. It counts the attempt and takes the lease.
 --
 -- KEYS: [1] run HASH  [2] leases ZSET
--- ARGV: [1] task key  [2] message token  [3] message round  [4] message phase
---       [5] worker name as a JSON string  [6] now (epoch seconds, as text)
---       [7..] run hash fields to return; the caller puts "t:<key>" first and "ctl" second
--- Returns {began, values, more names, more values}: values are the fields of ARGV[7..] in order
--- (false when absent); when began is 1 the first of them is the running record just written, and
--- "more" holds the fields the prepared begin says the phase's outcome will need (the dependents'
--- records, the run's outcome fields), read in the same call. began is 0 when there is no
--- prepared begin, the message or the record moved on, the run has a control flag, or a budget
--- cap refuses: the caller then decides on what it read.
+-- ARGV: [1] prepared-begin field  [2] record field  [3] worker field  [4] began field
+--       [5] deadline field  [6] attempts usage field  [7] the task key (its lease member)
+--       [8] message token  [9] message round  [10] message phase  [11] worker name
+--       [12] now (epoch seconds, as text)
+--       [13..] run hash fields to return: the caller puts ARGV[2..5] first and the control flag
+--       field fifth
+-- Returns {began, values, more names, more values}: values are the fields of ARGV[13..] in order
+-- (false when absent); when began is 1 the first four are what this call wrote, and "more" holds
+-- the fields the prepared begin says the phase's outcome will need (the dependents' records), read
+-- in the same call. began is 0 when there is no prepared begin, the message or the record moved
+-- on, the run has a control flag, or a budget cap refuses: the caller then decides on what it read.
 
-local key = ARGV[1]
-local values = redis.call('HMGET', KEYS[1], 'b:' .. key, unpack(ARGV, 7))
+local values = redis.call('HMGET', KEYS[1], ARGV[1], unpack(ARGV, 13))
 local prepared = table.remove(values, 1)
 if not prepared then return {0, values, {}, {}} end
 local pre = cjson.decode(prepared)
 -- the message, the prepared begin and the record must all name the same token (every transition
 -- of the record changes its token), and the run must have no control flag
-if pre.tok ~= tonumber(ARGV[2]) or pre.rnd ~= tonumber(ARGV[3]) or pre.ph ~= ARGV[4] or values[2]
+if pre.tok ~= tonumber(ARGV[8]) or pre.rnd ~= tonumber(ARGV[9]) or pre.ph ~= ARGV[10] or values[5]
     or not values[1] or cjson.decode(values[1]).token ~= pre.tok then
   return {0, values, {}, {}}
 end
@@ -32,23 +34,25 @@ for _, cap in ipairs(pre.caps) do
   if (tonumber(redis.call('HGET', KEYS[1], cap[1])) or 0) + cap[3] > cap[2] then return {0, values, {}, {}} end
 end
 
-local now = tonumber(ARGV[6])
--- round_deadline (taskloop/phases.py): a new round ends tmo seconds after it began; a check
+local now = tonumber(ARGV[12])
+-- round_deadline (taskloop/core/phases.py): a new round ends tmo seconds after it began; a check
 -- keeps its round's deadline (pre.dl)
 local deadline = pre.dl
 if deadline == cjson.null then deadline = nil end
 if deadline == nil and pre.tmo ~= cjson.null then deadline = now + pre.tmo end
-local record = pre.rec .. ',"worker":' .. ARGV[5] .. ',"began_at":' .. ARGV[6]
-if deadline then record = record .. ',"deadline":' .. string.format('%.6f', deadline) end
-record = record .. '}'
--- lease_until (taskloop/phases.py): max(now + running lease, deadline + grace + 1)
+-- lease_until (taskloop/core/phases.py): max(now + running lease, deadline + grace + 1)
 local lease = now + pre.lease
 if deadline then lease = math.max(lease, deadline + pre.grace + 1) end
 
-redis.call('HSET', KEYS[1], 't:' .. key, record)
-if pre.cons > 0 then redis.call('HINCRBY', KEYS[1], 'u:attempts', pre.cons) end
-redis.call('ZADD', KEYS[2], lease, key)
-values[1] = record
+redis.call('HSET', KEYS[1], ARGV[2], pre.rec, ARGV[3], ARGV[11], ARGV[4], ARGV[12])
+local deadline_text = false
+if deadline then
+  deadline_text = string.format('%.6f', deadline)
+  redis.call('HSET', KEYS[1], ARGV[5], deadline_text)
+end
+if pre.cons > 0 then redis.call('HINCRBY', KEYS[1], ARGV[6], pre.cons) end
+redis.call('ZADD', KEYS[2], lease, ARGV[7])
+values[1], values[2], values[3], values[4] = pre.rec, ARGV[11], ARGV[12], deadline_text
 local more = {}
 if #pre.rd > 0 then more = redis.call('HMGET', KEYS[1], unpack(pre.rd)) end
 return {1, values, pre.rd, more}

@@ -1,0 +1,1 @@
+"""Operations: Prometheus metrics (metrics.py) and a private redis-server (embedded.py)."""

@@ -1,0 +1,202 @@
+"""The Celery app of taskloop: configuration (celeryconfig.py + environment) and the message sender."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from celery import Celery
+
+from taskloop.base.config import Settings, celery_config_module, settings
+from taskloop.base.errors import OutboxUnsupported
+from taskloop.celery_fixes.connection import AMQP
+from taskloop.connections import broker
+from taskloop.core.begin import Dispatch
+from taskloop.core.limits import Waiter
+from taskloop.define.workflow import Workflow
+from taskloop.runtime import outbox
+
+log = logging.getLogger("taskloop.runtime.celery_app")
+
+# Used when no celeryconfig module is importable (the same values as the repository's file).
+# Celery's own defaults stand for the rest: prefetch 4 per process with fair scheduling, and
+# task events off (`taskloop worker -E` turns them on; Flower turns them on by itself).
+DEFAULTS: dict[str, Any] = {
+    "task_ignore_result": True,
+    "broker_transport_options": {"visibility_timeout": 3600},
+    "task_default_queue": "taskloop",
+    "broker_connection_retry_on_startup": True,
+    "broker_connection_max_retries": None,  # reconnect however long the broker is away
+    # no result backend, so nothing to expire: beat (-B) would otherwise schedule Celery's daily
+    # celery.backend_cleanup, a built-in task that taskloop's workers refuse (worker/app.py)
+    "result_expires": None,
+}
+# taskloop's guarantees rest on these: they override any configuration.
+REQUIRED: dict[str, Any] = {
+    "task_serializer": "json",
+    "accept_content": ["json"],
+    "result_serializer": "json",
+    "event_serializer": "json",  # a worker's events are read by Flower and the UI's fleet page: never pickle
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+}
+
+START_TASK = "taskloop.start"  # plan a run recorded by name (or start one from any Celery client)
+DISPATCH_TASK = "taskloop.dispatch"  # send the phase messages of many queued tasks of one run
+SETTLE_TASK = "taskloop.settle"  # end what no message will (the paused gates of a cancelled run)
+
+# A plan that queues more phases than this sends the rest through DISPATCH_TASK messages of
+# FANOUT_CHUNK tasks each, so that workers send them in parallel (and start() stays fast).
+FANOUT_DIRECT = 32
+FANOUT_CHUNK = 200
+
+
+def make_app(config: Settings | None = None) -> Celery:
+    config = config or settings()
+    app = Celery("taskloop", set_as_current=False, amqp=AMQP)
+    module = celery_config_module()
+    # DEFAULTS first, the user's module over them; conf.update would outrank the module.
+    settings_ = dict(DEFAULTS)
+    if module is not None:
+        settings_.update({name: getattr(module, name) for name in dir(module) if not name.startswith("_")})
+    app.config_from_object(SimpleNamespace(**settings_))
+    # already resolved: arguments > env > celeryconfig; password, TLS and Sentinel as kombu expects them
+    # a dead broker connection fails instead of hanging (socket timeouts, health checks, keepalive),
+    # unless the configuration sets these options itself
+    transport_options = {**broker.hang_defaults(config.broker_url), **(app.conf.broker_transport_options or {})}
+    app.conf.update(broker.broker_settings(config.broker_url, config, transport_options))
+    app.conf.update(REQUIRED)
+    if config.imports:
+        app.conf.imports = tuple(app.conf.imports or ()) + config.imports
+    return app
+
+
+def phase_name(workflow: Workflow, dispatch: Dispatch) -> str:
+    """The name Flower shows for a phase: ``<workflow>.<key>.<phase>``."""
+    return f"{workflow.name}.{dispatch.key}.{dispatch.phase.value}"
+
+
+def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
+    """Send one phase message: ids only, named after the workflow for Flower."""
+    task = workflow.lookup(dispatch.key)
+    _send(app, run_id, dispatch.key, dispatch.phase.value, dispatch.round, dispatch.token,
+          phase_name(workflow, dispatch), task.queue if task is not None else None, dispatch.countdown, producer)
+
+
+def send_waiter(app: Celery, waiter: Waiter, producer: Any = None) -> None:
+    """Send the message of a phase that waited for a fleet limit again (the same token: a duplicate
+    is refused as stale)."""
+    _send(app, waiter.run_id, waiter.key, waiter.phase, waiter.round, waiter.token,
+          f"{waiter.workflow}.{waiter.key}.{waiter.phase}", waiter.queue or None, None, producer)
+
+
+def _send(app: Celery, run_id: str, key: str, phase: str, round_: int, token: int, shadow: str, queue: str | None,
+          countdown: float | None, producer: Any) -> None:
+    options: dict[str, Any] = {}
+    if producer is not None:
+        options["producer"] = producer
+    if queue:
+        options["queue"] = queue
+    if countdown:
+        options["countdown"] = countdown
+    app.send_task(f"taskloop.{phase}", args=[run_id, key, round_, token], shadow=shadow,
+                  argsrepr=f"{run_id} {key} round={round_}", ignore_result=True, **options)
+
+
+def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str], producer: Any = None) -> None:
+    """Ask a worker to send the phase messages of ``keys`` (their current tokens, read there)."""
+    options: dict[str, Any] = {"producer": producer} if producer is not None else {}
+    app.send_task(DISPATCH_TASK, args=[run_id, list(keys)], shadow=f"{workflow.name}.dispatch",
+                  argsrepr=f"{run_id} {len(keys)} tasks", ignore_result=True, **options)
+
+
+class PhaseSender:
+    """Sends phase messages through one producer kept for the life of the process (a worker), or
+    taken from kombu's pool for each send (``keep=False``: a client, so that clients a service
+    never closes do not use up the pool's ``broker_pool_limit`` connections and block).
+
+    When the broker is the store's own Redis, ``fold`` returns the Redis commands that publish
+    the messages, for the commit to run inside its write (outbox.py); otherwise the commit calls
+    the sender after its write. A pool process sends one message per phase; taking a producer
+    from the pool for each costs a noticeable share of the send. Broker errors are retried by
+    Celery; if a send still fails, the producer is dropped and the next send takes a fresh one
+    (the phase stays queued with its lease, and the reconciler re-sends it)."""
+
+    def __init__(self, app: Celery, store_url: str | None = None, keep: bool = True) -> None:
+        self.app = app
+        self.keep = keep  # False (a client): the producer goes back to kombu's pool after each send
+        self._producer: Any = None
+        self._lock = threading.Lock()
+        self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
+            and not app.conf.task_send_sent_event  # a "sent" event must not announce an unwritten plan
+
+    def __call__(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
+        with self._lock:
+            try:
+                self._locked_publish(workflow, run_id, dispatches)
+            finally:
+                if not self.keep:
+                    self._release()
+
+    def resend(self, waiters: Sequence[Waiter]) -> None:
+        """Send the messages of phases that waited for a fleet limit (taskloop/worker/limiter.py)."""
+        with self._lock:
+            try:
+                producer = self._acquire()
+                for waiter in waiters:
+                    send_waiter(self.app, waiter, producer)
+            except Exception:
+                self._release()
+                raise
+            finally:
+                if not self.keep:
+                    self._release()
+
+    def fold(self, workflow: Workflow, run_id: str,
+             dispatches: Sequence[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None:
+        """The Redis commands that publish these messages (None: send them after the write)."""
+        if not self.folds:
+            return None
+        with self._lock:
+            try:
+                return outbox.collect(self._acquire(), lambda: self._locked_publish(workflow, run_id, dispatches))
+            except OutboxUnsupported as exc:
+                log.info("messages are sent after each write: %s", exc)
+                self.folds = False
+                return None
+            finally:
+                if not self.keep:
+                    self._release()
+
+    def _acquire(self) -> Any:
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+        return self._producer
+
+    def _locked_publish(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
+        direct = dispatches[:FANOUT_DIRECT]
+        rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
+        producer = self._acquire()
+        try:
+            for dispatch in direct:
+                send_phase(self.app, workflow, run_id, dispatch, producer=producer)
+            for start in range(0, len(rest), FANOUT_CHUNK):
+                send_fanout(self.app, workflow, run_id, rest[start:start + FANOUT_CHUNK], producer=producer)
+        except Exception:
+            self._release()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.release()
+            except Exception:
+                log.debug("could not release a producer", exc_info=True)

@@ -1,0 +1,164 @@
+"""The one commit path: every write of a run's records goes through this module.
+
+- ``commit``: plan, apply the plan as one guarded write, plan again on a conflict (a bounded
+  number of times), then send the messages the plan dispatched and tell the observers. The
+  client (start, resume, decide, gate cancellation), the executor (begin and outcomes), recovery,
+  the outage sweep and the reconciler.
+- ``begin``: the begin the scheduler prepared for a queued phase (begin.lua), which writes the
+  running record and its lease, or only reads, for the executor to decide.
+- ``write``: one guarded batch that needs no plan: a control flag (cancel), a pending run's first
+  records, a counter of refused deliveries, a usage receipt, a lease renewal or a stale lease
+  dropped. Applied or refused as a whole, like a plan's write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from taskloop.base import clock
+from taskloop.base.errors import CommitConflict, StoreUnavailable
+from taskloop.core import events as ev
+from taskloop.core import fields as fld
+from taskloop.core.batch import Batch
+from taskloop.core.begin import Dispatch
+from taskloop.core.events import Event, notify
+from taskloop.core.planner import Planner
+from taskloop.core.snapshot import Snapshot
+from taskloop.define.workflow import Workflow
+from taskloop.ops import metrics
+from taskloop.store.redis_store import Applied, BeginReply, Conflict, RedisStore
+
+log = logging.getLogger("taskloop.runtime.commit")
+
+MAX_ATTEMPTS = 50
+
+Sender = Callable[[Workflow, str, list[Dispatch]], None]
+Plan = Callable[[Snapshot], Planner]
+
+
+class Dispatcher(Protocol):
+    """A sender that can also hand over the Redis commands that publish its messages, to run inside
+    the write (taskloop/runtime/outbox.py); None means it sends after the write instead."""
+
+    def __call__(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None: ...
+
+    def fold(self, workflow: Workflow, run_id: str,
+             dispatches: list[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None: ...
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A plan that was written: what it decided, and whether it ended the run."""
+
+    planner: Planner
+    finished: bool
+
+    @property
+    def events(self) -> list[Event]:
+        return [*self.planner.events, *(self.planner.final_events if self.finished else ())]
+
+
+def begin(store: RedisStore, run_id: str, key: str, round: int, phase: str, token: int, worker: str,
+          now: float, fields: Sequence[str]) -> BeginReply:
+    """Begin a prepared phase in one call, or read ``fields`` for the caller (store.begin)."""
+    return store.begin(run_id, key, round, phase, token, worker, now, fields)
+
+
+def write(store: RedisStore, batch: Batch) -> Applied | Conflict:
+    """Apply a guarded batch that needs no plan (see the module docstring)."""
+    return store.apply(batch)
+
+
+def never(conflict: Conflict) -> bool:
+    return False
+
+
+def commit(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender,
+           retry: Callable[[Conflict], bool] | None = None, attempts: int = MAX_ATTEMPTS) -> Committed:
+    """Plan over ``snapshot`` and write the plan; on a conflict, read again what the plan read and
+    plan again (unless ``retry`` says that conflict is final). Raises CommitConflict when the
+    conflicts do not stop. ``plan`` may raise to give up (nothing is written then)."""
+    conflict: Conflict | None = None
+    for _ in range(attempts):
+        planner = plan(snapshot)
+        batch = planner.batch()
+        folded = _fold(send, planner, batch)
+        result = store.apply(batch)
+        if isinstance(result, Applied):
+            committed = Committed(planner, result.finished)
+            _after(store, committed, None if folded else send)
+            return committed
+        conflict = result
+        log.debug("run %s: conflict on %s, planning again", snapshot.run_id, conflict.label)
+        if retry is not None and not retry(conflict):
+            break
+        refresh(store, snapshot)
+    assert conflict is not None
+    raise CommitConflict(
+        f"run {snapshot.run_id}: gave up writing after repeated conflicts (last on {conflict.label}); "
+        "another writer keeps changing the same records. Nothing was written by this attempt; try again",
+        conflict,
+    )
+
+
+def through_outage(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender, limit_s: float) -> Committed:
+    """``commit``, trying again while Redis is unreachable, for up to ``limit_s`` seconds: what a
+    worker does with the outcome of a phase that ended during an outage (recorded as soon as Redis
+    is back, instead of replayed after its lease). The plan is made again on every try."""
+    deadline = time.monotonic() + limit_s
+    delay = 0.1
+    while True:
+        try:
+            return commit(store, plan, snapshot, send)
+        except StoreUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("run %s: Redis unreachable while recording a phase (%s); trying again for up to %.0f s",
+                        snapshot.run_id, exc, deadline - time.monotonic())
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def refresh(store: RedisStore, snapshot: Snapshot) -> None:
+    """Read again, in one call, every field the snapshot has read."""
+    names = list(snapshot.fields)
+    snapshot.forget(names)
+    snapshot.ensure(names)
+
+
+def _fold(send: Sender, planner: Planner, batch: Batch) -> bool:
+    """Put the messages of the plan into its write, when the sender can (see outbox.py)."""
+    fold = getattr(send, "fold", None)
+    if not planner.dispatches or fold is None:
+        return False
+    commands = fold(planner.workflow, planner.run_id, planner.dispatches)
+    if commands is None:
+        return False
+    for name, args in commands:
+        batch.push(name, *args)
+    return True
+
+
+def _after(store: RedisStore, committed: Committed, send: Sender | None) -> None:
+    planner = committed.planner
+    if planner.dispatches and send is not None:
+        send(planner.workflow, planner.run_id, planner.dispatches)
+    metrics.observe_events(planner.workflow.name, committed.events)
+    observe(store, planner.workflow, planner.run_id, committed.events)
+
+
+def observe(store: RedisStore, workflow: Workflow, run_id: str, events: list[Event]) -> None:
+    """Call the workflow's observers; a failing observer is recorded in the run, never raised."""
+    if not workflow.observers or not events:
+        return
+    failures = notify(workflow.observers, [e.model_copy(update={"run_id": run_id}) for e in events])
+    if failures:
+        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists")
+        for failure in failures:
+            batch.event(Event(type=ev.OBSERVER_ERROR, at=clock.now(), data=failure))
+        batch.incr(fld.stat_field("observer_errors"), len(failures))
+        write(store, batch)

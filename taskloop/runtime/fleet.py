@@ -1,0 +1,126 @@
+"""The fleet at a glance (``taskloop status``, the UI's ``/fleet``): workers online with their
+processes and queues (their heartbeats, taskloop/worker/presence.py), queue depths (the broker),
+live runs by status, runs by stored status (the run lists), expired leases and the reconciler's
+last pass (the store). All of it is read with plain reads: the read-only ``monitor`` user does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from taskloop.base import clock
+from taskloop.core import fields as fld
+from taskloop.core.snapshot import RunMeta
+from taskloop.store.indexes import STORED_STATUSES
+from taskloop.store.redis_store import RedisStore
+
+LIVE_SAMPLE = 10_000  # live runs read to count them by status
+HEARTBEAT_S = 5.0  # a worker writes its heartbeat this often
+ONLINE_WITHIN_S = 15.0  # a worker is online while its last heartbeat is younger than this (3 beats)
+FORGET_AFTER_S = 3600.0  # a worker gone without a word leaves tl:workers after this
+
+
+class WorkerInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    node: str
+    processes: int
+    pid: int | None = None
+    queues: list[str] = Field(default_factory=list)
+    active: int = 0  # tasks running on it at its last heartbeat
+    at: float | None = None  # when it wrote that heartbeat
+
+
+class LimitInfo(BaseModel):
+    """One fleet limit (for one key value of a concurrency limit) as it stands now."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    kind: str  # "rate" | "concurrency"
+    value: str = ""  # a concurrency limit's key value ("" without key)
+    used: int  # slots held, or starts (tokens) in the window
+    allowed: float  # slots, or the rate per window, as it applies now
+    per_s: float | None = None  # a rate limit's window
+    unit: str = "starts"
+    waiting: int
+    overridden: dict[str, str] = Field(default_factory=dict)  # the operator's numbers (taskloop limits set)
+
+
+class FleetView(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    at: float
+    workers: list[WorkerInfo]
+    queues: dict[str, int]
+    live_runs_by_status: dict[str, int]
+    runs_by_status: dict[str, int]  # every run still kept, by stored status (the run lists)
+    live_runs: int
+    expired_leases: int
+    reconciler_last_pass: dict[str, Any] | None = None
+    limits: list[LimitInfo] = Field(default_factory=list)
+
+
+def fleet_view(store: RedisStore, broker: RedisStore, default_queue: str) -> FleetView:
+    """Read the workers' heartbeats and the store, and the queue lengths from the broker (the
+    default queue and every queue a worker consumes)."""
+    now = clock.now()
+    workers = online_workers(store.workers_seen(), now)
+    queue_names = sorted({default_queue, *(q for w in workers for q in w.queues)})
+    queues = broker.queue_lengths(queue_names)  # StoreUnavailable or StoreAccessDenied name the broker's URL
+    view = store.fleet_view(now)
+    live_ids = store.live_page(0, LIVE_SAMPLE)
+    by_status: dict[str, int] = {}
+    for run_id, row in zip(live_ids, store.run_metas(live_ids), strict=True):
+        if row[1] is not None:
+            meta = RunMeta.from_fields(run_id, dict(zip(fld.META_FIELDS, row, strict=True)))
+            by_status[meta.status.value] = by_status.get(meta.status.value, 0) + 1
+    counts = store.list_lengths(list(STORED_STATUSES))
+    last_raw = store.last_reconcile()
+    return FleetView(at=now, workers=workers, queues=queues, live_runs_by_status=by_status,
+                     runs_by_status={s: n for s, n in counts.items() if n}, live_runs=view["live"],
+                     expired_leases=view["expired_leases"],
+                     reconciler_last_pass=json.loads(last_raw) if last_raw else None,
+                     limits=limits_view(store, now))
+
+
+def limits_view(store: RedisStore, now: float) -> list[LimitInfo]:
+    """Every fleet limit phases have started or waited under, with its use and queue."""
+    found = []
+    for use in store.limit_uses(now):
+        numbers = {**use.declared, **use.override}
+        conc = use.declared.get("kind") == "conc"
+        found.append(LimitInfo(name=use.name, kind="concurrency" if conc else "rate", value=use.value, used=use.used,
+                               allowed=use.allowed, per_s=None if conc else float(numbers.get("per_s") or 0),
+                               unit="starts" if conc else use.declared.get("unit", "starts"), waiting=use.waiting,
+                               overridden=use.override))
+    return found
+
+
+def heartbeat(raw: str) -> WorkerInfo | None:
+    """A worker's heartbeat as tl:workers holds it (None for one that does not parse)."""
+    try:
+        return WorkerInfo.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+def online_workers(seen: dict[str, str], now: float) -> list[WorkerInfo]:
+    """The workers whose last heartbeat is younger than ``ONLINE_WITHIN_S``, by node name (a
+    heartbeat that does not parse is left out)."""
+    workers = []
+    for node, raw in sorted(seen.items()):
+        info = heartbeat(raw)
+        if info is not None and info.at is not None and now - info.at <= ONLINE_WITHIN_S:
+            workers.append(info.model_copy(update={"node": node}))
+    return workers
+
+
+def gone_workers(seen: dict[str, str], now: float) -> list[str]:
+    """The workers whose last heartbeat is older than ``FORGET_AFTER_S`` (or does not parse):
+    they stopped without saying so (SIGKILL, a lost host)."""
+    stale = []
+    for node, raw in seen.items():
+        info = heartbeat(raw)
+        if info is None or info.at is None or now - info.at > FORGET_AFTER_S:
+            stale.append(node)
+    return stale

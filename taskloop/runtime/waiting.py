@@ -1,0 +1,120 @@
+"""Waiting for a run: ``client.wait`` blocks on the run's end marker (one wake-up), or reads its
+events as they are appended when observers listen, and rides out a Redis outage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from taskloop.base import clock, names
+from taskloop.base.errors import RunTimeout, StoreUnavailable
+from taskloop.core import events as ev
+from taskloop.core.events import Observer, notify
+from taskloop.core.phases import TERMINAL_RUN, RunStatus
+from taskloop.runtime.models import RunResult
+
+if TYPE_CHECKING:
+    from taskloop.runtime.client import TaskLoop
+
+log = logging.getLogger("taskloop.client")
+_TERMINAL = {s.value for s in TERMINAL_RUN}
+_WAIT_SLICE_S = 5.0
+
+
+class Outage:
+    """How a waiting client rides out a Redis outage: back off, say so, and give up only after
+    ``limit`` seconds without an answer (then StoreUnavailable)."""
+
+    def __init__(self, limit: float, notice: Callable[[str], None]) -> None:
+        self.limit = limit
+        self.notice = notice
+        self.since: float | None = None
+        self.delay = 0.1
+
+    def failed(self, exc: StoreUnavailable, deadline: float | None) -> None:
+        now = clock.now()
+        if self.since is None:
+            self.since = now
+            self.notice(f"Redis unreachable, retrying for up to {self.limit:g}s ({exc})")
+        if now - self.since >= self.limit:
+            raise exc
+        if deadline is not None and now >= deadline:
+            raise RunTimeout(f"gave up waiting: Redis has been unreachable for {now - self.since:.1f}s "
+                             "and the wait's timeout passed") from exc
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 2.0)
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            self.notice(f"Redis reachable again after {clock.now() - self.since:.1f}s")
+        self.since = None
+        self.delay = 0.1
+
+
+def wait(client: TaskLoop, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
+         known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
+    """Block until the run ends and return its result. Without observers it blocks on the run's
+    end marker (one wake-up); with observers it reads every event as it is appended.
+    ``known``: the run is known to exist (a handle from start), skip looking it up first.
+
+    A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
+    (``on_notice`` hears about it); the wait keeps its place in the event stream."""
+    names.check_run_id(run_id)
+    deadline = None if timeout is None else clock.now() + timeout
+    notice = on_notice or (lambda message: log.warning("%s", message))
+    outage = Outage(client.settings.wait_outage_s, notice)
+    status: str | None = RunStatus.RUNNING.value if known else None
+    while status is None:
+        try:
+            status = client._meta(run_id).stored_status
+        except StoreUnavailable as exc:
+            outage.failed(exc, deadline)
+    outage.recovered()
+    observers = [*client._observers, *([on_event] if on_event else [])]
+    last = "0-0"
+    failures: list[dict[str, str]] = []
+    # Observers hear every event of the run, also when it ended before this wait began.
+    while status not in _TERMINAL or observers:
+        remaining = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - clock.now())
+        if remaining <= 0 and status not in _TERMINAL:
+            raise RunTimeout(
+                f"run {run_id} did not finish within {timeout}s (status {status}); it keeps running: "
+                "wait again, or look at it with `taskloop inspect`"
+            )
+        try:
+            if not observers:
+                ended = client.store.block_end(run_id, int(remaining * 1000))
+                events = []
+            else:  # an ended run's events are all there: read them without blocking
+                block_ms = 1 if status in _TERMINAL else int(remaining * 1000)
+                events = client.store.block_events(run_id, last, block_ms)
+                ended = any(e.type == ev.RUN_FINISHED for e in events)
+            outage.recovered()
+            if events:
+                last = events[-1].entry_id or last
+                failures += notify(observers, events)
+            if ended:
+                status = client._meta(run_id).stored_status
+                if status in _TERMINAL:
+                    break
+                continue  # it ended once, and was resumed since: its later events follow
+            if not events:
+                if status in _TERMINAL:
+                    break  # read to the end (its last events expired or were trimmed)
+                status = client._meta(run_id).stored_status
+        except StoreUnavailable as exc:
+            outage.failed(exc, deadline)
+    while True:
+        try:
+            result = client.result(run_id)
+            outage.recovered()
+            break
+        except StoreUnavailable as exc:
+            outage.failed(exc, deadline)
+    assert result is not None
+    if failures:
+        result = result.model_copy(update={"observer_errors": [*result.observer_errors, *failures]})
+    return result
+

@@ -1,0 +1,248 @@
+"""The store's global keys (store/keys.py): the indexes and lists of runs, the fleet counters, the
+reconciler's notes, the definitions' shapes. They live outside every run's slot, so the run
+scripts never touch them on a Cluster: they are read and written here, by plain commands. Mixed
+into RedisStore, whose client and URL they use."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from taskloop.base import clock
+from taskloop.connections import clients
+from taskloop.core import fields as fld
+from taskloop.core.batch import Listed
+from taskloop.core.phases import RunStatus
+from taskloop.store import keys as k
+from taskloop.store.calls import wrap
+
+STORED_STATUSES = tuple(s.value for s in RunStatus if s is not RunStatus.WAITING)  # "waiting" is derived
+LIVE_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+
+
+class Indexes:
+    """The global-key methods of RedisStore."""
+
+    client: Any
+    url: str
+
+    # fleet counters and indexes (outside the run scripts: a run keeps to one slot) -------------
+    @wrap
+    def incr_stat(self, name: str, amount: int = 1) -> None:
+        self.client.hincrby(k.STATS, name, amount)
+
+    @wrap
+    def stats(self) -> dict[str, str]:
+        return dict(self.client.hgetall(k.STATS))
+
+    # worker presence (taskloop/worker/presence.py) ---------------------------------------------
+    @wrap
+    def note_worker(self, node: str, info: str) -> None:
+        """Record a worker's heartbeat."""
+        self.client.hset(k.WORKERS, node, info)
+
+    @wrap
+    def forget_workers(self, *nodes: str) -> None:
+        if nodes:
+            self.client.hdel(k.WORKERS, *nodes)
+
+    @wrap
+    def workers_seen(self) -> dict[str, str]:
+        """Each worker's last heartbeat (node -> JSON), stale ones included."""
+        return dict(self.client.hgetall(k.WORKERS))
+
+    @wrap
+    def count_finished(self, metas: Sequence[Any]) -> None:
+        """Count finished runs in the fleet counters (as the reconciler forgets them)."""
+        if not metas:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for meta in metas:
+            termination = meta.termination.value if meta.termination else ""
+            planned = meta.fingerprint is not None  # set when a worker plans the run (or forks it)
+            pipe.hincrby(k.STATS, fld.finished_stat(meta.workflow, meta.stored_status, termination, planned), 1)
+        pipe.execute()
+
+    @wrap
+    def fleet_view(self, now: float, sample: int = 1000) -> dict[str, Any]:
+        """What the fleet exporter reports: live runs, expired leases (over at most ``sample`` due
+        runs), the last reconcile pass, the fleet counters."""
+        due = list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=sample))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.LIVE_INDEX)
+        pipe.get(k.RECONCILER_LAST)
+        pipe.hgetall(k.STATS)
+        for run_id in due:
+            pipe.zcount(k.RunKeys.of(run_id).leases, "-inf", now)
+        live, last, stats, *expired = pipe.execute()
+        return {"live": int(live), "expired_leases": sum(int(n) for n in expired),
+                "last_pass_at": json.loads(last)["at"] if last else None,
+                "stats": {name: int(value) for name, value in stats.items() if value.lstrip("-").isdigit()}}
+
+    @wrap
+    def unlive(self, run_ids: Sequence[str]) -> None:
+        if run_ids:
+            self.client.zrem(k.LIVE_INDEX, *run_ids)
+
+    @wrap
+    def due_runs(self, now: float, limit: int) -> list[str]:
+        """Live runs the reconciler should look at now."""
+        return list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit))
+
+    @wrap
+    def look_again(self, run_id: str, at: float) -> None:
+        """When the reconciler should look at a live run next (only if it is still listed)."""
+        self.client.zadd(k.LIVE_INDEX, {run_id: at}, xx=True)
+
+    @wrap
+    def live_page(self, start: int, count: int) -> list[str]:
+        """Live runs ``start`` .. ``start + count - 1`` of the live index (an outage sweep reads them all)."""
+        return list(self.client.zrange(k.LIVE_INDEX, start, start + count - 1))
+
+    @wrap
+    def server_started(self) -> tuple[str, float]:
+        """Which Redis process this is and when it started: INFO's ``run_id`` and the time now minus
+        ``uptime_in_seconds`` (for a Cluster: every master's run id, and the latest start)."""
+        now = clock.now()
+        if clients.is_cluster(self.client):
+            found = self.client.info("server", target_nodes=self.client.PRIMARIES)
+            infos = list(found.values()) if isinstance(found, dict) and "run_id" not in found else [found]
+        else:
+            infos = [self.client.info("server")]
+        identity = ",".join(sorted(str(info["run_id"]) for info in infos))
+        return identity, now - min(float(info["uptime_in_seconds"]) for info in infos)
+
+    @wrap
+    def swap_server_seen(self, identity: str) -> str | None:
+        """Record the Redis identity a reconciler saw and return the one recorded before (SET ... GET:
+        of several reconcilers that see a restart, one gets the old identity back)."""
+        found: str | None = self.client.set(k.SERVER_SEEN, identity, get=True)
+        return found
+
+    @wrap
+    def live_count(self) -> int:
+        return int(self.client.zcard(k.LIVE_INDEX))
+
+    @wrap
+    def note_reconcile(self, report_json: str) -> None:
+        """What the last reconcile pass did (read by ``taskloop status``)."""
+        self.client.set(k.RECONCILER_LAST, report_json)
+
+    @wrap
+    def last_reconcile(self) -> str | None:
+        found: str | None = self.client.get(k.RECONCILER_LAST)
+        return found
+
+    @wrap
+    def run_ids(self, limit: int, offset: int = 0) -> list[str]:
+        return list(self.client.zrevrange(k.RUNS_INDEX, offset, offset + limit - 1))
+
+    @wrap
+    def put_shape(self, fingerprint: str, shape_json: str, ttl_s: int) -> None:
+        self.client.set(k.shape_key(fingerprint), shape_json, ex=ttl_s)
+
+    @wrap
+    def shape(self, fingerprint: str) -> str | None:
+        found: str | None = self.client.get(k.shape_key(fingerprint))
+        return found
+
+    @wrap
+    def task_records(self, run_ids: Sequence[str], per_run: int = 200) -> list[list[str]]:
+        """The task records (JSON) of each run, in one pipelined read: one HSCAN step of about
+        ``per_run`` fields each (all of a small run's; the first of a large run's)."""
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hscan(k.RunKeys.of(run_id).run, 0, match=f"{fld.TASK_PREFIX}*", count=per_run)
+        return [list(found.values()) for _, found in pipe.execute()]
+
+    @wrap
+    def run_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:
+        """Run ids that start with ``prefix`` (lexicographic ZSCAN of the runs index)."""
+        found: list[str] = []
+        for member, _ in self.client.zscan_iter(k.RUNS_INDEX, match=f"{_glob_escape(prefix)}*", count=1000):
+            found.append(member)
+            if len(found) >= limit:
+                break
+        return found
+
+    @wrap
+    def run_metas(self, run_ids: Iterable[str]) -> list[list[str | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(k.RunKeys.of(run_id).run, list(fld.META_FIELDS))
+        return list(pipe.execute())
+
+    @wrap
+    def trim_runs_index(self, before: float) -> int:
+        """Drop the entries of runs created before ``before`` (their records have expired) from the
+        runs index and every run list; a workflow whose lists are empty leaves the list of listed
+        workflows."""
+        dropped = int(self.client.zremrangebyscore(k.RUNS_INDEX, "-inf", before))
+        workflows = sorted(self.client.smembers(k.LISTED_WORKFLOWS))
+        lists = [Listed(wf, status, None) for wf in [None, *workflows] for status in STORED_STATUSES]
+        pipe = self.client.pipeline(transaction=False)
+        for entry in [*lists, *(Listed(wf, None, None) for wf in workflows)]:
+            pipe.zremrangebyscore(k.run_list(entry), "-inf", before)
+        for wf in workflows:
+            pipe.zcard(k.run_list(Listed(wf, None, None)))
+        left = pipe.execute()[-len(workflows):] if workflows else []
+        empty = [wf for wf, count in zip(workflows, left, strict=True) if not count]
+        if empty:
+            self.client.srem(k.LISTED_WORKFLOWS, *empty)
+        return dropped
+
+    @wrap
+    def relist(self, finished: Sequence[tuple[str, str, str, float]]) -> None:
+        """Make the run lists agree with finished runs ``(run_id, workflow, status, created)``, as the
+        reconciler takes them off the live index: whatever a write did not list (a crash between a
+        Cluster's script and its lists) is listed now, and the workflows are named for trimming."""
+        if not finished:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for run_id, workflow, status, created in finished:
+            for live in LIVE_STATUSES:
+                pipe.zrem(k.run_list(Listed(None, live, None)), run_id)
+                pipe.zrem(k.run_list(Listed(workflow, live, None)), run_id)
+            for entry in (Listed(None, status, created), Listed(workflow, status, created),
+                          Listed(workflow, None, created)):
+                pipe.zadd(k.run_list(entry), {run_id: created})
+        pipe.sadd(k.LISTED_WORKFLOWS, *{workflow for _, workflow, _, _ in finished})
+        pipe.execute()
+
+    @wrap
+    def list_page(self, status: str | None, workflow: str | None, offset: int, limit: int) -> tuple[list[str], int]:
+        """Run ids ``offset .. offset + limit - 1`` of a run list, newest first, and the list's length
+        (no filter: the runs index)."""
+        key = k.RUNS_INDEX if status is None and workflow is None else k.run_list(Listed(workflow, status, None))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrevrange(key, offset, offset + limit - 1)
+        pipe.zcard(key)
+        ids, total = pipe.execute()
+        return list(ids), int(total)
+
+    @wrap
+    def list_lengths(self, statuses: Sequence[str]) -> dict[str, int]:
+        """How many runs each stored status's run list holds."""
+        pipe = self.client.pipeline(transaction=False)
+        for status in statuses:
+            pipe.zcard(k.run_list(Listed(None, status, None)))
+        return {status: int(n) for status, n in zip(statuses, pipe.execute(), strict=True)}
+
+    @wrap
+    def queue_lengths(self, names: Sequence[str]) -> dict[str, int]:
+        """The lengths of broker lists (this store used as the broker)."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        return {name: int(n) for name, n in zip(names, pipe.execute(), strict=True)}
+
+    @wrap
+    def listed_workflows(self) -> list[str]:
+        return sorted(self.client.smembers(k.LISTED_WORKFLOWS))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+

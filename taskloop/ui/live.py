@@ -1,0 +1,89 @@
+"""Live pages: a server-sent event stream per open run page, fed by a blocking read of the run's
+event stream (XREAD BLOCK on the run's own stream, so an idle run costs nothing but a parked
+read).
+
+Each event that a write adds wakes the stream, which renders the run's body again and sends it
+as one SSE message (``event: run``) that htmx swaps into the page. Writes that come close
+together are sent as one message: a stream renders ``COALESCE_S`` after the write that woke it,
+and at most once per ``MIN_INTERVAL_S``, so a page updates within about a second of an event and
+a busy run costs the UI at most one render per open page and interval. A comment line every
+``BLOCK_S`` seconds keeps proxies from closing the connection.
+
+The number of open streams is capped (``--max-streams``): a page over the cap gets one message
+saying so and a ``retry`` hint, and its browser tries again later. A closed tab ends its
+stream at once (Starlette cancels it on disconnect); the read it had parked returns within
+``BLOCK_S`` seconds and frees its thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import anyio.to_thread
+
+from taskloop.core.events import Event
+from taskloop.store.redis_store import RedisStore
+
+BLOCK_S = 5.0  # one parked read; also the keep-alive interval
+COALESCE_S = 0.25
+MIN_INTERVAL_S = 0.75
+FULL_RETRY_MS = 10_000
+
+
+class Streams:
+    """The open streams of one UI process, capped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.served = 0  # streams opened since start (the fleet page shows both)
+        # a parked read holds a thread until it returns: room for the cap, and for reads that a
+        # closed tab left parked for up to BLOCK_S
+        self.threads = anyio.CapacityLimiter(max(2 * limit, 4))
+
+    def full(self) -> bool:
+        return self.open >= self.limit
+
+
+def message(event: str, data: str) -> str:
+    """One SSE message: every line of ``data`` as a ``data:`` line."""
+    lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return f"event: {event}\n{lines}\n"
+
+
+async def run_stream(streams: Streams, store: RedisStore, run_id: str, after: str,
+                     render: Callable[[], str]) -> AsyncIterator[str]:
+    """The stream of one open run page: the run's body, again after each write to it. ``after``
+    is the last stream entry the page was rendered with."""
+    if streams.full():
+        yield f"retry: {FULL_RETRY_MS}\n" + message(
+            "full", f"Live updates are paused: this UI serves {streams.limit} live pages at most. "
+                    "This page tries again in a few seconds.")
+        return
+    streams.open += 1
+    streams.served += 1
+    try:
+        yield "retry: 2000\n: open\n\n"
+        last = after
+        rendered = 0.0
+        while True:
+            found: list[Event] = await anyio.to_thread.run_sync(
+                store.block_events, run_id, last, int(BLOCK_S * 1000), limiter=streams.threads)
+            if not found:
+                yield ": idle\n\n"
+                continue
+            loop = asyncio.get_running_loop()
+            # let the writes that follow at once come too, and keep to one render per interval
+            await asyncio.sleep(max(COALESCE_S, rendered + MIN_INTERVAL_S - loop.time()))
+            last = found[-1].entry_id or last
+            more: list[Event] = await anyio.to_thread.run_sync(
+                store.block_events, run_id, last, 1, limiter=streams.threads)
+            if more:
+                last = more[-1].entry_id or last
+            body = await anyio.to_thread.run_sync(render, limiter=streams.threads)
+            rendered = loop.time()
+            yield message("run", body)
+    finally:
+        streams.open -= 1

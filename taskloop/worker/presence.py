@@ -1,0 +1,74 @@
+"""Worker presence: every worker's main process writes a heartbeat to the store every
+``HEARTBEAT_S`` seconds (``tl:workers``: its node name, Celery main-process pid, pool size, the
+queues it consumes and how many phases it runs now), and removes it when it shuts down.
+
+``taskloop status``, the fleet exporter and the UI's fleet page read the workers from there
+(runtime/fleet.py) instead of asking them over Celery's remote control. Reading needs no more
+than the read-only ``monitor`` user: broadcasting on the pidbox, which ``inspect`` needs, is
+the very right that also lets its holder send ``shutdown`` to every worker (docs/security.md,
+F5). A worker killed without a word drops out of the view ``ONLINE_WITHIN_S`` after its last
+heartbeat, and out of the hash after ``FORGET_AFTER_S``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from taskloop.base import clock
+from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, WorkerInfo, gone_workers
+from taskloop.store.redis_store import RedisStore
+
+log = logging.getLogger("taskloop.presence")
+
+
+def describe(consumer: Any, node: str) -> WorkerInfo:
+    """This worker as its heartbeat tells it (read from Celery's consumer and worker state)."""
+    pool = getattr(consumer, "pool", None)
+    processes = getattr(pool, "num_processes", None) or getattr(pool, "limit", None) or 0
+    task_consumer = getattr(consumer, "task_consumer", None)
+    queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
+    return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
+                      active=len(worker_state.active_requests), at=clock.now())
+
+
+class Presence:
+    """The heartbeat thread of a worker's main process (started by ``worker_ready``)."""
+
+    def __init__(self, store: RedisStore, consumer: Any, node: str, every_s: float = HEARTBEAT_S) -> None:
+        self.store = store
+        self.consumer = consumer
+        self.node = node
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="taskloop-presence", daemon=True)
+
+    def start(self) -> None:
+        self.beat(prune=True)
+        self._thread.start()
+
+    def beat(self, prune: bool = False) -> None:
+        """One heartbeat; never raises (a Redis outage only makes this worker look gone for a while)."""
+        try:
+            self.store.note_worker(self.node, describe(self.consumer, self.node).model_dump_json())
+            if prune:
+                self.store.forget_workers(*gone_workers(self.store.workers_seen(), clock.now()))
+        except Exception as exc:
+            log.warning("heartbeat of %s not written: %s", self.node, exc)
+
+    def stop(self) -> None:
+        """On shutdown: no more heartbeats, and the entry goes (the worker is no longer online)."""
+        self._stop.set()
+        try:
+            self.store.forget_workers(self.node)
+        except Exception as exc:
+            log.warning("heartbeat of %s not removed (it ages out in %.0f s): %s", self.node, ONLINE_WITHIN_S, exc)
+
+    def _loop(self) -> None:
+        beats = 0
+        while not self._stop.wait(self.every_s):
+            beats += 1
+            self.beat(prune=beats % 60 == 0)  # about every 5 minutes, drop workers long gone

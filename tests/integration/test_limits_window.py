@@ -1,0 +1,67 @@
+"""limits.lua against its plain-Python model (taskloop/core/limits.py), on a real redis-server:
+random sequences of acquisitions, releases and token reports at random times, for rate limits in
+starts and in tokens and for concurrency limits; the script must admit exactly the phases the
+model admits, and a window must never hold more than its rate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from taskloop.core.limits import Model, Spec, Waiter
+from taskloop.ops.embedded import RedisServer
+from taskloop.store import keys as k
+from taskloop.store.redis_store import RedisStore
+
+
+@pytest.fixture(scope="module")
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    found = RedisStore(redis_server.url)
+    yield found
+    found.close()
+
+
+SPECS = st.one_of(
+    st.builds(lambda r, p: Spec("rate", "", rate=r, per_s=p), st.integers(1, 6), st.sampled_from([0.5, 1.0, 2.5])),
+    st.builds(lambda r, p: Spec("rate", "", rate=r, per_s=p, unit="tokens"), st.integers(10, 200),
+              st.sampled_from([1.0, 3.0])),
+    st.builds(lambda n: Spec("conc", "", value="v", limit=n), st.integers(1, 4)),
+)
+STEPS = st.lists(st.tuples(st.sampled_from(["acquire", "release", "tokens", "wake"]), st.integers(0, 7),
+                           st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.5, 6.0]), st.integers(1, 120)),
+                 min_size=1, max_size=60)
+
+
+def _clear(store: RedisStore, name: str, value: str) -> None:
+    store.client.delete(*k.LimitKeys.of(name, value).all())
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=SPECS, steps=STEPS, case=st.integers(0, 10**9))
+def test_the_script_admits_what_the_model_admits(store: RedisStore, spec: Spec, steps: list, case: int) -> None:
+    spec = Spec(spec.kind, f"prop-{case}", spec.value, spec.rate, spec.per_s, spec.unit, spec.limit)
+    _clear(store, spec.name, spec.value)
+    model = Model(spec)
+    now = 1_000_000.0
+    for op, who, gap, amount in steps:
+        now += gap
+        member = Waiter(f"run{who}", "t", "run", 1, 1, "wf").member()
+        holder = f"run{who}|t"
+        if op == "acquire":
+            expected = model.acquire(now, member, holder, now + 2.0)
+            got = store.acquire([spec], member, holder, now + 2.0, now).admitted
+            assert got == expected, (op, who, now, model)
+            if got and not spec.tokens and spec.kind == "rate":  # the window never holds more than the rate
+                use = k.LimitKeys.of(spec.name, spec.value).use
+                assert store.client.zcount(use, f"({now - spec.per_s!r}", "+inf") <= spec.rate
+        elif op == "release" and spec.kind == "conc":
+            assert store.wake([spec], now, holder) == model.wake(now, holder)
+        elif op == "wake":
+            assert store.wake([spec], now) == model.wake(now)
+        elif op == "tokens" and spec.tokens:
+            model.report(now, amount, member)
+            store.count_tokens([spec], member, amount, now)
+    _clear(store, spec.name, spec.value)

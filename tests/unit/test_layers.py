@@ -1,0 +1,66 @@
+"""The layers of docs/architecture.md, checked against the imports: every import of a taskloop
+module goes to its own layer or one below (TYPE_CHECKING imports included), and no module is
+over the size that asks for a split."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "taskloop"
+# bottom to top: a module may import its own layer and the layers before it (docs/architecture.md)
+LAYERS = [
+    ("base",),
+    ("celery_fixes",),
+    ("connections",),
+    ("define",),
+    ("core",),
+    ("store",),
+    ("ops",),
+    ("runtime",),
+    ("worker",),
+    ("cli", "ui", "examples"),
+    ("__init__", "__main__", "celery"),
+]
+MAX_LINES = 500
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if module.count(".") else "__init__"
+    for n, names in enumerate(LAYERS):
+        if part in names:
+            return n
+    raise AssertionError(f"{module} is in no layer of docs/architecture.md")
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found.append((".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 2 else parts), path))
+    return found
+
+
+def imports_of(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("taskloop"):
+            found.append(node.module)
+            found += [f"{node.module}.{a.name}" for a in node.names if node.module in ("taskloop",)]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("taskloop")]
+    return found
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_no_import_goes_up_a_layer(module: str, path: Path) -> None:
+    mine = layer_of(module)
+    upward = [target for target in imports_of(path) if target != "taskloop" and layer_of(target) > mine]
+    assert not upward, f"{module} (layer {LAYERS[mine]}) imports from above: {upward}"
+
+
+def test_no_module_is_over_the_size_that_asks_for_a_split() -> None:
+    sizes = {module: len(path.read_text().splitlines()) for module, path in modules()}
+    assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
