@@ -16,24 +16,15 @@ import os
 import redis
 from celery import Celery
 
-MAX_ROUNDS = 3
-ACCEPT_ROUND = 3
-
-if os.environ.get("BENCH_BASELINE_KOMBU_CLIENTS") == "1":  # bench.run --baseline-kombu-clients: not Celery's defaults
-    from taskloop.worker import kombu_clients
-
-    kombu_clients.install()
+from bench import ACCEPT_ROUND, LOOP_CELERY_SETTINGS, MAX_ROUNDS
 
 app = Celery("bench", broker=os.environ.get("TASKLOOP_REDIS_URL", "redis://127.0.0.1:6379/0"))
-app.conf.update(
-    task_serializer="json",
-    accept_content=["json"],
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    task_ignore_result=True,
-    task_default_queue="bench",
-    broker_connection_retry_on_startup=True,
-)
+if os.environ.get("BENCH_BASELINE_KOMBU_CLIENTS") == "1":  # bench.run's baseline-kombu system: not Celery's defaults
+    from taskloop.celery_fixes import transport
+
+    app.conf.broker_transport = transport.TRANSPORT  # kombu's Redis transport with one client per channel
+app.conf.update(**LOOP_CELERY_SETTINGS,
+                task_default_queue=os.environ.get("BENCH_QUEUE", "bench"))  # bench.run's kombu-fix baseline has its own
 
 _redis: redis.Redis | None = None
 

@@ -61,3 +61,16 @@ chain = {n: tl.define_workflow(f"bench-chain-{n}", version="1", tasks=[
     tl.define_task(f"c{i}", run=noop, after=[f"c{i - 1}"] if i else []) for i in range(n)]) for n in CHAINS}
 held = tl.define_workflow("bench-held", version="1",
                           tasks=[tl.define_task(f"h{i}", run=hold) for i in range(10_000)])
+
+WATCHED_ROUNDS = 40
+
+
+def accept_at_last(ctx: tl.LoopContext, candidate: int) -> tl.LoopCheck:
+    return tl.LoopCheck(done=True) if candidate >= WATCHED_ROUNDS else tl.LoopCheck(done=False, feedback="again")
+
+
+# the runs bench/ui.py keeps open in UI pages while the loops run: long loops, each step queued
+# behind the others, so they go on through the whole measurement
+watched = tl.define_workflow("bench-watched", version="1", observers=[_finished], tasks=[
+    tl.define_loop_task("loop", max_rounds=WATCHED_ROUNDS, attempt=attempt, check=accept_at_last),
+])

@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 import taskloop as tl
-from taskloop.embedded import RedisServer, spawn_worker, wait_until_ready
+from taskloop.ops.embedded import RedisServer, spawn_worker, wait_until_ready
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT_BYTES = 1024

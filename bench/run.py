@@ -2,18 +2,27 @@
 
     python -m bench.run                       # every section below (about 10 minutes on 2 cores)
     python -m bench.run --quick               # smaller sizes, one repeat (about 4 minutes)
-    python -m bench.run --only loops,sizes    # some sections: loops, events, workers, sizes, cancel
+    python -m bench.run --only loops,sizes    # some sections: loops, events, workers, rss, ceiling, sizes, cancel
     python -m bench.run --json out.json       # also keep the raw figures
-    python -m bench.run --only loops --baseline-kombu-clients   # the baseline with taskloop's kombu fix too
 
-Both systems run with Celery's own defaults (prefetch 4, fair scheduling, task events off),
-JSON, ``acks_late``, one worker with 2 pool processes unless a section says otherwise, on the
-same redis-server (started here, AOF everysec). Sections:
+The loops are measured against three systems (issue 24), each in the same invocation:
+``baseline``, a hand-rolled Celery loop at Celery's own defaults (bench/baseline.py);
+``baseline-kombu``, the same with taskloop's kombu fix (one Redis client per channel), which
+isolates taskloop's own cost; and ``durable``, the durable floor: the hand-rolled loop plus one
+Lua compare-and-set and one XADD per step (bench/durable.py). The other sections compare with
+``baseline``. All run with Celery's own defaults (prefetch 4, fair scheduling, task events
+off), JSON, ``acks_late``, one worker with 2 pool processes unless a section says otherwise, on
+the same redis-server (started here, AOF everysec). Sections:
 
 - ``loops``: N independent loops of 3 rounds (6 steps), accepted in round 3 or exhausted;
   steps/s, paired ratios, p50/p95 latency of one loop, Redis commands per round, memory per run.
 - ``events``: the same with task events on in both workers (``-E``: the cost under Flower).
 - ``workers``: steps/s with 1, 2 and 4 pool processes, and with two worker nodes.
+- ``ceiling``: taskloop with its store and its broker on two redis-servers: each one's CPU per
+  step, and the steps/s one core would carry at that cost.
+- ``rss``: the memory of one worker with 2 and with 4 pool processes after 300 loops (RSS and
+  PSS, summed over every process of the worker: taskloop's supervisor included), and of a
+  ``taskloop worker --metrics-port`` (prometheus-client loaded in every process).
 - ``sizes``: one run of 1, 100, 1,000 and 10,000 independent tasks against as many one-task
   runs; a 1,000-task chain; tasks/s and the time of ``start()``.
 - ``cancel``: a 10,000-task run under full load: how long ``cancel()`` takes to land, and how
@@ -28,226 +37,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
+from bench.systems import (
+    REPO,
+    Baseline,
+    BaselineKombu,
+    DurableFloor,
+    Failure,
+    System,
+    TaskLoopSystem,
+    wait_finished,
+    worker_memory,
+)
+from taskloop.ops.embedded import RedisServer
 
-from taskloop.embedded import RedisServer, wait_until_ready
-
-REPO = Path(__file__).resolve().parent.parent
-STEPS_PER_LOOP = 6
-ROUNDS_PER_LOOP = 3
-POLL_S = 0.005
-IGNORED_COMMANDS = {"info", "llen", "ping"}  # the benchmark's own polling
-SECTIONS = ("loops", "events", "workers", "sizes", "cancel")
-
-
-class Failure(Exception):
-    """A run or loop ended in the wrong state."""
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def commandstats(r: redis.Redis) -> dict[str, int]:
-    stats = r.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-
-
-def wait_finished(r: redis.Redis, n: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while r.llen("bench:finished") < n:
-        if time.monotonic() > deadline:
-            raise Failure(f"only {r.llen('bench:finished')} of {n} finished within {timeout} s")
-        time.sleep(POLL_S)
-
-
-class System:
-    name = ""
-
-    def __init__(self, server: RedisServer, env: dict[str, str], logdir: Path) -> None:
-        self.url = server.url
-        assert server.process is not None
-        self.redis_pid = server.process.pid
-        self.env = env
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.r = redis.Redis.from_url(self.url, decode_responses=True)
-
-    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
-        raise NotImplementedError
-
-    def start_workers(self, concurrency: int = 2, nodes: int = 1, events: bool = False) -> None:
-        self.stop_workers()
-        for n in range(nodes):
-            log = self.logdir / f"{self.name}-{n}-{uuid.uuid4().hex[:6]}.log"
-            args = [sys.executable, "-m", *self.worker_args(concurrency, f"{self.name}{n}", events),
-                    "--logfile", str(log)]
-            proc = subprocess.Popen(args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            wait_until_ready(proc, log)
-            self.procs.append(proc)
-
-    def stop_workers(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            proc.wait(60)
-        self.procs = []
-
-    def start_loops(self, mode: str, n: int) -> list[str]:
-        raise NotImplementedError
-
-    def verify(self, mode: str, ids: list[str]) -> None:
-        raise NotImplementedError
-
-    def one_latency(self) -> float:
-        raise NotImplementedError
-
-    def processes(self) -> dict[str, list[int]]:
-        """Every process of the workers: the pool processes (the leaves of each worker's process
-        tree) and the rest ("worker main": Celery's main process, and for ``taskloop worker`` also
-        its supervisor, the parent of Celery's main process)."""
-        main, pool = [], []
-        todo = [proc.pid for proc in self.procs]
-        while todo:
-            pid = todo.pop()
-            children = children_of(pid)
-            (main if children else pool).append(pid)
-            todo += children
-        return {"worker main": main, "worker pool": pool, "redis-server": [self.redis_pid], "client": [os.getpid()]}
-
-    def throughput(self, mode: str, n: int, timeout: float = 1800) -> dict[str, Any]:
-        self.r.delete("bench:finished")
-        before, memory_before = commandstats(self.r), int(self.r.info("memory")["used_memory"])
-        procs = self.processes()
-        cpu_before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in procs.items()}
-        started = time.perf_counter()
-        ids = self.start_loops(mode, n)
-        wait_finished(self.r, n, timeout)
-        seconds = time.perf_counter() - started
-        cpu = {name: (sum(cpu_seconds(p) for p in pids) - cpu_before[name]) * 1000 / (n * STEPS_PER_LOOP)
-               for name, pids in procs.items()}
-        after, memory_after = commandstats(self.r), int(self.r.info("memory")["used_memory"])
-        self.verify(mode, ids)
-        calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
-        calls = {c: n for c, n in calls.items() if n > 0}
-        rounds = n * ROUNDS_PER_LOOP
-        return {
-            "n": n, "mode": mode, "seconds": round(seconds, 3),
-            "steps_per_s": round(n * STEPS_PER_LOOP / seconds, 1),
-            "commands_per_round": round(sum(calls.values()) / rounds, 2),
-            "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
-            "memory_per_run_bytes": round((memory_after - memory_before) / n),
-            "cpu_ms_per_step": {name: round(v, 3) for name, v in cpu.items()},
-        }
-
-
-class Baseline(System):
-    name = "baseline"
-
-    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
-        return ["celery", "-A", "bench.baseline", "worker", "-c", str(concurrency), "-Q", "bench",
-                "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"{node}@%h",
-                *(["-E"] if events else [])]
-
-    def start_loops(self, mode: str, n: int) -> list[str]:
-        from bench.baseline import attempt
-
-        ids = [uuid.uuid4().hex for _ in range(n)]
-        for loop_id in ids:
-            attempt.delay(loop_id, 1, mode)
-        return ids
-
-    def verify(self, mode: str, ids: list[str]) -> None:
-        finished = [line.split() for line in self.r.lrange("bench:finished", 0, -1)]
-        expected = "done" if mode == "accept" else "exhausted"
-        wrong = [f for f in finished if f[1:] != [expected, "3"]]
-        if wrong or sorted(f[0] for f in finished) != sorted(ids):
-            raise Failure(f"baseline {mode}: {len(wrong)} loops ended wrong, e.g. {wrong[:3]}")
-
-    def one_latency(self) -> float:
-        from bench.baseline import attempt
-
-        loop_id = f"lat-{uuid.uuid4().hex}"
-        started = time.perf_counter()
-        attempt.delay(loop_id, 1, "accept")
-        if self.r.blpop([f"bench:result:{loop_id}"], timeout=30) is None:
-            raise Failure("a baseline latency loop did not finish")
-        return time.perf_counter() - started
-
-
-class TaskLoopSystem(System):
-    name = "taskloop"
-
-    def __init__(self, server: RedisServer, env: dict[str, str], logdir: Path) -> None:
-        super().__init__(server, env, logdir)
-        from taskloop import TaskLoop
-
-        self.client = TaskLoop(self.url)
-
-    def worker_args(self, concurrency: int, node: str, events: bool) -> list[str]:
-        return ["taskloop", "worker", "--import", "bench.flows", "-c", str(concurrency), "--loglevel", "INFO",
-                "-n", f"{node}@%h", *(["-E"] if events else [])]
-
-    def start_loops(self, mode: str, n: int) -> list[str]:
-        from bench.flows import accept, exhaust
-
-        workflow = accept if mode == "accept" else exhaust
-        return [self.client.start(workflow).run_id for _ in range(n)]
-
-    def verify(self, mode: str, ids: list[str]) -> None:
-        from taskloop.store import keys as k
-
-        pipe = self.r.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hmget(k.RunKeys.of(run_id).run, [k.F_STATUS, k.F_TERMINATION, k.value_field("loop"),
-                                                  k.task_field("loop")])
-        wrong = []
-        for run_id, (status, term, value, raw) in zip(ids, pipe.execute(), strict=True):
-            record = json.loads(raw)
-            if mode == "accept":
-                ok = (status, term, value, record.get("round")) == ("done", None, "3", 3)
-            else:
-                ok = (status, term, record.get("round")) == ("failed", "failed", 3) and \
-                    record["error"]["type"] == "LoopTaskExhausted"
-            if not ok:
-                wrong.append((run_id, status, term, value))
-        if wrong:
-            raise Failure(f"taskloop {mode}: {len(wrong)} runs ended wrong, e.g. {wrong[:3]}")
-
-    def one_latency(self) -> float:
-        from bench.flows import accept
-
-        started = time.perf_counter()
-        result = self.client.start(accept).wait(timeout=30)
-        elapsed = time.perf_counter() - started
-        if result.status != "done" or result.values != {"loop": 3}:
-            raise Failure(f"a taskloop latency run ended wrong: {result}")
-        return elapsed
+SECTIONS = ("loops", "events", "workers", "rss", "ceiling", "sizes", "cancel")
 
 
 def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -258,34 +68,62 @@ def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
+class alone:
+    """While one system is measured, the others' workers are paused (SIGSTOP, then SIGCONT): idle
+    Celery workers still poll and tick, and on 2 cores four idle workers took a share of the CPU
+    from the one being measured."""
+
+    def __init__(self, measured: System, systems: list[System]) -> None:
+        self.pids = [pid for s in systems if s is not measured
+                     for name in ("worker main", "worker pool") for pid in s.processes()[name]]
+
+    def _signal(self, signum: int) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def __exit__(self, *_: object) -> None:
+        self._signal(signal.SIGCONT)
+
+
 def compare(systems: list[System], mode: str, n: int, repeats: int) -> dict[str, Any]:
-    """Interleaved repeats of one throughput figure (drift hits both alike); paired ratios."""
+    """Interleaved repeats of one throughput figure (drift hits all alike); paired ratios."""
     samples: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     for i in range(repeats):
         for system in systems if i % 2 == 0 else systems[::-1]:
-            samples[system.name].append(system.throughput(mode, n))
-    pairs = [t["steps_per_s"] / b["steps_per_s"] for b, t in zip(samples["baseline"], samples["taskloop"], strict=True)]
-    out = {s.name: median_of(samples[s.name]) for s in systems}
-    out["ratio"] = {"median": round(statistics.median(pairs), 3), "samples": [round(p, 3) for p in pairs]}
-    print(f"  {mode:8} N={n:<6} baseline {out['baseline']['steps_per_s']:>7} steps/s  taskloop "
-          f"{out['taskloop']['steps_per_s']:>7} steps/s  ratio {out['ratio']['median']} {out['ratio']['samples']}",
-          flush=True)
+            with alone(system, systems):
+                samples[system.name].append(system.throughput(mode, n))
+    out: dict[str, Any] = {s.name: median_of(samples[s.name]) for s in systems}
+    out["ratios"] = {}
+    for other in (s.name for s in systems if s.name != "taskloop"):
+        pairs = [t["steps_per_s"] / b["steps_per_s"] for b, t in zip(samples[other], samples["taskloop"], strict=True)]
+        out["ratios"][other] = {"median": round(statistics.median(pairs), 3), "samples": [round(p, 3) for p in pairs]}
+    out["ratio"] = out["ratios"]["baseline"]  # against the hand-rolled loop at Celery's defaults
+    print(f"  {mode:8} N={n:<6} " + "  ".join(f"{s.name} {out[s.name]['steps_per_s']:>7}" for s in systems)
+          + " steps/s  taskloop / " + ", ".join(f"{k} {v['median']}" for k, v in out["ratios"].items()), flush=True)
     return out
 
 
 def latency(systems: list[System], runs: int) -> dict[str, Any]:
     found: dict[str, list[float]] = {s.name: [] for s in systems}
-    for _ in range(runs):
-        for system in systems:
-            found[system.name].append(system.one_latency())
+    for system in systems:
+        with alone(system, systems):
+            for _ in range(runs):
+                found[system.name].append(system.one_latency())
     out: dict[str, Any] = {}
     for name, values in found.items():
         ordered = sorted(values)
         out[name] = {"runs": runs, "p50_ms": round(statistics.median(ordered) * 1000, 2),
                      "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] * 1000, 2)}
     out["ratio_p50"] = round(out["taskloop"]["p50_ms"] / out["baseline"]["p50_ms"], 3)
-    print(f"  latency p50 baseline {out['baseline']['p50_ms']} ms, taskloop {out['taskloop']['p50_ms']} ms "
-          f"({out['ratio_p50']}x)", flush=True)
+    out["ratios_p50"] = {name: round(out["taskloop"]["p50_ms"] / out[name]["p50_ms"], 3)
+                         for name in found if name != "taskloop"}
+    print("  latency p50 " + ", ".join(f"{name} {out[name]['p50_ms']} ms" for name in found), flush=True)
     return out
 
 
@@ -311,6 +149,60 @@ def section_workers(systems: list[System], args: argparse.Namespace) -> dict[str
             system.throughput("accept", 30)
         out[label] = compare(systems, "accept", n, 1)
     return out
+
+
+def section_rss(systems: list[System], args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tl = next(s for s in systems if isinstance(s, TaskLoopSystem))
+    for concurrency in (2, 4):
+        found: dict[str, Any] = {}
+        for system in systems:
+            system.start_workers(concurrency)
+            system.throughput("accept", 300)  # warm: every pool process has run phases
+            found[system.name] = worker_memory(system)
+        found["ratio_rss"] = round(found["taskloop"]["rss_mb"] / found["baseline"]["rss_mb"], 2)
+        found["ratio_pss"] = round(found["taskloop"]["pss_mb"] / found["baseline"]["pss_mb"], 2)
+        out[f"{concurrency} processes"] = found
+    tl.metrics_port = True
+    try:
+        tl.start_workers(2)
+        tl.throughput("accept", 300)
+        with_metrics = worker_memory(tl)
+    finally:
+        tl.metrics_port = False
+    base = out["2 processes"]["baseline"]
+    out["2 processes, --metrics-port"] = {"taskloop": with_metrics, "baseline": base,
+                                          "ratio_rss": round(with_metrics["rss_mb"] / base["rss_mb"], 2),
+                                          "ratio_pss": round(with_metrics["pss_mb"] / base["pss_mb"], 2)}
+    for system in systems:
+        system.stop_workers()
+    return out
+
+
+def section_ceiling(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+    """taskloop with its store and its broker on two redis-servers: the CPU each spends per step,
+    and the steps/s one redis-server at 100% of a core would carry at that cost (1,000 / ms per
+    step: an extrapolation from the measured cost, not a measured ceiling; this machine has 2
+    cores for everything). The baseline's own Redis cost per step is in the loops section."""
+    n = 300 if args.quick else 1000
+    store, broker = RedisServer().start(), RedisServer().start()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TASKLOOP_REDIS_URL": store.url, "TASKLOOP_BROKER_URL": broker.url}
+    tl = TaskLoopSystem(store, env, logdir, broker=broker)
+    try:
+        tl.start_workers(2)
+        tl.throughput("accept", 50)
+        samples = [tl.throughput("accept", n) for _ in range(1 if args.quick else 3)]
+        found = median_of(samples)
+        per_step = found["cpu_ms_per_step"]
+        cpu = {"store": per_step["redis-server"], "broker": per_step["broker redis-server"]}
+        return {"n": n, "steps_per_s": found["steps_per_s"], "cpu_ms_per_step": cpu,
+                "ceiling_steps_per_s": {name: round(1000 / ms) if ms else None for name, ms in cpu.items()},
+                "store_commands_per_round": found["commands_per_round"]}
+    finally:
+        tl.stop_workers()
+        tl.client.close()
+        store.stop()
+        broker.stop()
 
 
 def _run_wide(tl: TaskLoopSystem, workflow: Any, n: int) -> dict[str, Any]:
@@ -391,14 +283,15 @@ def section_cancel(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, An
 def run(args: argparse.Namespace) -> dict[str, Any]:
     server = RedisServer().start()
     logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO),
-           "BENCH_BASELINE_KOMBU_CLIENTS": "1" if args.baseline_kombu_clients else "0"}
+    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO), "BENCH_BASELINE_KOMBU_CLIENTS": "0"}
     env.pop("TASKLOOP_BROKER_URL", None)
     os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
     baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
-    systems: list[System] = [baseline, tl]
-    results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats,
-                               "baseline_kombu_clients": args.baseline_kombu_clients}
+    pair: list[System] = [baseline, tl]
+    # the loops are measured against three: Celery's defaults, the same with taskloop's kombu fix,
+    # and the durable floor (issue 24); the other sections against Celery's defaults
+    systems: list[System] = [baseline, BaselineKombu(server, env, logdir), DurableFloor(server, env, logdir), tl]
+    results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats}
     try:
         for section in args.only:
             print(f"[{section}]", flush=True)
@@ -407,7 +300,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             elif section == "events":
                 results["events"] = section_loops(systems, args, events=True)
             elif section == "workers":
-                results["workers"] = section_workers(systems, args)
+                for system in systems:
+                    system.stop_workers()
+                results["workers"] = section_workers(pair, args)
+            elif section == "ceiling":
+                for system in systems:
+                    system.stop_workers()
+                results["ceiling"] = section_ceiling(args, logdir)
+            elif section == "rss":
+                for system in systems:
+                    system.stop_workers()
+                results["rss"] = section_rss(pair, args)
             elif section == "sizes":
                 baseline.stop_workers()
                 results["sizes"] = section_sizes(tl, args)
@@ -421,33 +324,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def _ratio(found: dict[str, Any]) -> str:
+    return f"{found['median']} ({', '.join(map(str, found['samples']))})"
+
+
 def report(results: dict[str, Any]) -> str:
     lines: list[str] = []
     for section, title in (("loops", "events off (as shipped)"), ("events", "task events on in both (-E)")):
         if section not in results:
             continue
         found = results[section]
-        lines += [f"### Loops, {title}", "", "| measure | baseline | taskloop | taskloop / baseline |",
-                  "|---|---|---|---|"]
+        names = [n for n in ("baseline", "baseline-kombu", "durable", "taskloop") if n in found["accept"]]
+        heads = {"baseline": "hand-rolled, Celery defaults", "baseline-kombu": "hand-rolled + kombu fix",
+                 "durable": "durable floor (+ Lua CAS + XADD)", "taskloop": "taskloop"}
+        others = [n for n in names if n != "taskloop"]
+        lines += [f"### Loops, {title}", "",
+                  "| measure | " + " | ".join(heads[n] for n in names) + " | "
+                  + " | ".join(f"taskloop / {heads[n]}" for n in others) + " |",
+                  "|---|" + "---|" * (len(names) + len(others))]
         for mode in ("accept", "exhaust"):
-            b, t, r = found[mode]["baseline"], found[mode]["taskloop"], found[mode]["ratio"]
-            lines.append(f"| steps/s, {mode}, N={b['n']} | {b['steps_per_s']} | {t['steps_per_s']} | "
-                         f"{r['median']} (samples {r['samples']}) |")
+            row = found[mode]
+            lines.append(f"| steps/s, {mode}, N={row['taskloop']['n']} | "
+                         + " | ".join(str(row[n]["steps_per_s"]) for n in names) + " | "
+                         + " | ".join(_ratio(row["ratios"][n]) for n in others) + " |")
         lat = found["latency"]
-        lines.append(f"| latency of one 3-round loop, p50 ms | {lat['baseline']['p50_ms']} | "
-                     f"{lat['taskloop']['p50_ms']} | {lat['ratio_p50']} |")
-        lines.append(f"| latency, p95 ms | {lat['baseline']['p95_ms']} | {lat['taskloop']['p95_ms']} | "
-                     f"{lat['taskloop']['p95_ms'] / lat['baseline']['p95_ms']:.2f} |")
-        b, t = found["accept"]["baseline"], found["accept"]["taskloop"]
-        lines.append(f"| Redis commands per round (accept) | {b['commands_per_round']} | {t['commands_per_round']} "
-                     f"| {t['commands_per_round'] / b['commands_per_round']:.2f} |")
-        lines.append(f"| Redis memory held per finished run, bytes | {b['memory_per_run_bytes']} | "
-                     f"{t['memory_per_run_bytes']} | |")
-        for name in b["cpu_ms_per_step"]:
-            lines.append(f"| CPU ms per step, {name} | {b['cpu_ms_per_step'][name]:.2f} | "
-                         f"{t['cpu_ms_per_step'][name]:.2f} | |")
-        lines += ["", f"commands per round, baseline: {b['commands']}", "",
-                  f"commands per round, taskloop: {t['commands']}", ""]
+        lines.append("| latency of one 3-round loop, p50 ms | " + " | ".join(str(lat[n]["p50_ms"]) for n in names)
+                     + " | " + " | ".join(str(lat["ratios_p50"][n]) for n in others) + " |")
+        lines.append("| latency, p95 ms | " + " | ".join(str(lat[n]["p95_ms"]) for n in names)
+                     + " | " + " | ".join(f"{lat['taskloop']['p95_ms'] / lat[n]['p95_ms']:.2f}" for n in others) + " |")
+        acc = found["accept"]
+        lines.append("| Redis commands per round (accept) | "
+                     + " | ".join(str(acc[n]["commands_per_round"]) for n in names) + " | "
+                     + " | ".join(f"{acc['taskloop']['commands_per_round'] / acc[n]['commands_per_round']:.2f}"
+                                  for n in others) + " |")
+        lines.append("| Redis memory held per finished run, bytes | "
+                     + " | ".join(str(acc[n]["memory_per_run_bytes"]) for n in names) + " |" + " |" * len(others))
+        for proc in acc["taskloop"]["cpu_ms_per_step"]:
+            lines.append(f"| CPU ms per step, {proc} | "
+                         + " | ".join(f"{acc[n]['cpu_ms_per_step'][proc]:.2f}" for n in names) + " |"
+                         + " |" * len(others))
+        for n in names:
+            lines += ["", f"commands per round, {n}: {acc[n]['commands']}"]
+        lines.append("")
     if "workers" in results:
         lines += ["### Workers (accept)", "", "| workers | baseline steps/s | taskloop steps/s | ratio |",
                   "|---|---|---|---|"]
@@ -455,6 +373,29 @@ def report(results: dict[str, Any]) -> str:
             lines.append(f"| {label} | {found['baseline']['steps_per_s']} | {found['taskloop']['steps_per_s']} | "
                          f"{found['ratio']['median']} |")
         lines.append("")
+    if "rss" in results:
+        lines += ["### Worker memory (RSS and PSS summed over the worker's processes, after 300 loops)", "",
+                  "| worker | baseline RSS MB | taskloop RSS MB | ratio | baseline PSS MB | taskloop PSS MB | ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for label, found in results["rss"].items():
+            b, t = found["baseline"], found["taskloop"]
+            lines.append(f"| {label} | {b['rss_mb']} | {t['rss_mb']} | {found['ratio_rss']} | {b['pss_mb']} | "
+                         f"{t['pss_mb']} | {found['ratio_pss']} |")
+        lines += ["", "per process, RSS MB: " + "; ".join(
+            f"{label}: baseline {found['baseline']['per_process_rss_mb']}, taskloop "
+            f"{found['taskloop']['per_process_rss_mb']}" for label, found in results["rss"].items()), ""]
+    if "ceiling" in results:
+        found = results["ceiling"]
+        lines += [f"### One redis-server's ceiling (taskloop, accept, N={found['n']}, store and broker on two "
+                  "redis-servers)", "",
+                  "| redis-server | CPU ms per step | steps/s one core would carry at that cost |", "|---|---|---|"]
+        for name, ms in found["cpu_ms_per_step"].items():
+            lines.append(f"| taskloop's {name} | {ms:.3f} | {found['ceiling_steps_per_s'][name]} |")
+        if "loops" in results:
+            ms = results["loops"]["accept"]["baseline"]["cpu_ms_per_step"]["redis-server"]
+            lines.append(f"| the baseline's one Redis (loops section) | {ms:.3f} | {round(1000 / ms) if ms else '-'} |")
+        lines += ["", f"steps/s measured here: {found['steps_per_s']} (2 pool processes on 2 cores: the workers, not "
+                      f"Redis, are the bound); store commands per round {found['store_commands_per_round']}", ""]
     if "sizes" in results:
         sizes = results["sizes"]
         lines += ["### Run sizes (taskloop, 2 pool processes, no-op tasks)", "",
@@ -486,9 +427,6 @@ def main() -> None:
                         help=f"comma-separated sections, from {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
-    parser.add_argument("--baseline-kombu-clients", action="store_true",
-                        help="give the baseline taskloop's kombu client reuse too (taskloop/worker/kombu_clients.py): "
-                             "not Celery's defaults any more, it isolates taskloop's own cost")
     args = parser.parse_args()
     unknown = set(args.only) - set(SECTIONS)
     if unknown:

@@ -1,0 +1,243 @@
+"""What fleet limits cost and deliver (issue "fleet flow control"), on a real redis-server and
+real workers (two nodes x two pool processes: a fleet, not one worker):
+
+    python -m bench.limits                    # every section (about 3 minutes on 2 cores)
+    python -m bench.limits --only rate        # one section: rate, release, admission
+
+- ``rate``: a backlog of 6 x R single-task runs under ``tl.RateLimit(rate=R, per_s=1)`` for R =
+  20, 50 and 100 starts/s: the steady rate the fleet reaches (after the first window, which the
+  backlog fills at once) as a share of R, and the most starts in any one-second window (must be
+  <= R). Beside it, Celery's own ``rate_limit="R/s"`` on the same two nodes at Celery's defaults:
+  what a hand-rolled task gets (Celery's limit is per worker node), waited for up to 120 s.
+- ``release``: a chain of runs on one concurrency key (limit 1), each holding 0.2 s: the time
+  from one phase's callback returning to the next phase's callback starting (the outcome's
+  commit, the release, the message sent again, the begin): p50 and p95.
+- ``admission``: how many starts per second one limit admits when it is the only thing
+  working: ``limits.lua`` called in a loop by 4 client processes against one redis-server, for a
+  rate limit (acquire) and a concurrency limit (acquire and release). A limit lives in one hash
+  slot, so this is also what one limit admits on a Redis Cluster node.
+
+Unlimited tasks are measured by ``python -m bench.run --only loops`` against the commit before
+flow control (docs/benchmarks.md, *Fleet limits*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.systems import REPO, Failure
+from taskloop.ops.embedded import RedisServer, wait_until_ready
+from taskloop.store.keys import LimitKeys
+
+SECTIONS = ("rate", "release", "admission")
+RATES = (20, 50, 100)
+BACKLOG_S = 6  # each rate's backlog: this many seconds of starts
+
+
+def _workers(env: dict[str, str], logdir: Path, args: list[list[str]]) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for n, extra in enumerate(args):
+        log = logdir / f"w{n}-{uuid.uuid4().hex[:6]}.log"
+        proc = subprocess.Popen([sys.executable, "-m", *extra, "--logfile", str(log)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_until_ready(proc, log)
+        procs.append(proc)
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(60)
+
+
+def _windows(starts: list[float]) -> int:
+    """The most starts in any window of one second, (t - 1, t]: the window the limit keeps."""
+    return max((sum(1 for t in starts if s - 1.0 < t <= s) for s in starts), default=0)
+
+
+def _rates(starts: list[float], rate: int, n: int) -> dict[str, Any]:
+    """The backlog's starts (the callbacks' clocks): how many started (within 120 s), the steady
+    rate (the starts after the first window, which the backlog fills at once, over the whole
+    time), its share of the limit, the most in any second."""
+    steady = (len(starts) - rate) / (starts[-1] - starts[0]) if len(starts) > rate + 1 else 0.0
+    return {"runs": n, "started": len(starts), "steady": round(steady, 1), "share": round(steady / rate, 3),
+            "most_in_one_s": _windows(starts)}
+
+
+def _line(found: dict[str, Any], rate: int) -> str:
+    return (f"{found['started']} of {found['runs']} started, steady {found['steady']}/s ({found['share']:.1%} of "
+            f"{rate}/s), most in one second {found['most_in_one_s']}")
+
+
+def _taskloop_nodes() -> list[list[str]]:
+    return [["taskloop", "worker", "--import", "bench.limit_flows", "-c", "2", "-n", f"tl{n}@%h"] for n in range(2)]
+
+
+def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
+    from bench import limit_flows as lf
+    from taskloop import TaskLoop
+
+    r = redis.Redis.from_url(url, decode_responses=True)
+    client = TaskLoop(url)
+    found: dict[str, Any] = {}
+    procs = _workers(env, logdir, _taskloop_nodes())
+    try:
+        for rate in RATES:
+            r.delete("bench:limits:starts")
+            n = rate * BACKLOG_S
+            workflow = lf.rated[rate]
+            window = LimitKeys.of(f"bench-rate-{rate}").use
+            admitted: dict[str, float] = {}  # the limit's own log, sampled while it lasts (entries live >= 1 s)
+            handles = [client.start(workflow, input={}) for _ in range(n)]
+            deadline = time.monotonic() + 120
+            while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
+                admitted.update(r.zrange(window, 0, -1, withscores=True))
+                time.sleep(0.2)
+            admitted.update(r.zrange(window, 0, -1, withscores=True))
+            for handle in handles:
+                if handle.wait(timeout=60).status != "done":
+                    raise Failure(f"a run under {rate}/s did not end done")
+            starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
+            found[str(rate)] = {**_rates(starts, rate, n),
+                                "most_admitted_in_one_s": _windows(sorted(admitted.values())),
+                                "admissions_seen": len(admitted)}
+            print(f"  taskloop {rate}/s: {_line(found[str(rate)], rate)}; admissions (the limit's log, "
+                  f"{len(admitted)} seen): most in one second {found[str(rate)]['most_admitted_in_one_s']}",
+                  flush=True)
+    finally:
+        _stop(procs)
+        client.close()
+    celery: dict[str, Any] = {}
+    if os.environ.get("BENCH_LIMITS_NO_BASELINE") == "1":  # for trying changes quickly; figures need both
+        return {"taskloop": found}
+    procs = _workers(env, logdir, [["celery", "-A", "bench.limit_baseline", "worker", "-c", "2", "-n",
+                                    f"cel{n}@%h", "--loglevel", "INFO"] for n in range(2)])
+    try:
+        from bench.limit_baseline import app
+
+        for rate in RATES:
+            r.delete("bench:limits:starts")
+            n = rate * BACKLOG_S
+            for _ in range(n):
+                app.send_task(f"bench.rated{rate}", ignore_result=True)
+            deadline = time.monotonic() + 120
+            while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
+            celery[str(rate)] = _rates(starts, rate, n)
+            print(f"  celery rate_limit={rate}/s on 2 nodes: {_line(celery[str(rate)], rate)}", flush=True)
+            app.control.purge()
+    finally:
+        _stop(procs)
+    return {"taskloop": found, "celery_rate_limit": celery}
+
+
+def section_release(url: str, env: dict[str, str], logdir: Path, runs: int = 60) -> dict[str, Any]:
+    from bench import limit_flows as lf
+    from taskloop import TaskLoop
+
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.delete("bench:limits:spans")
+    client = TaskLoop(url)
+    procs = _workers(env, logdir, _taskloop_nodes())
+    try:
+        handles = [client.start(lf.one_at_a_time, input={}) for _ in range(runs)]
+        for handle in handles:
+            if handle.wait(timeout=120).status != "done":
+                raise Failure("a run on the concurrency key did not end done")
+    finally:
+        _stop(procs)
+        client.close()
+    spans = sorted(tuple(json.loads(raw)) for raw in r.lrange("bench:limits:spans", 0, -1))
+    gaps = [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(spans)]
+    overlaps = sum(1 for g in gaps if g < 0)
+    if overlaps:
+        raise Failure(f"{overlaps} phases overlapped under a concurrency limit of 1")
+    found = {"runs": runs, "p50_ms": round(statistics.median(gaps), 1),
+             "p95_ms": round(statistics.quantiles(gaps, n=20)[18], 1), "max_ms": round(max(gaps), 1)}
+    print(f"  slot freed -> next phase's callback: p50 {found['p50_ms']} ms, p95 {found['p95_ms']} ms, "
+          f"max {found['max_ms']} ms", flush=True)
+    return found
+
+
+def _admit(url: str, kind: str, seconds: float, queue: Any) -> None:
+    from taskloop.core.limits import Spec, Waiter
+    from taskloop.store.redis_store import RedisStore
+
+    store = RedisStore(url)
+    spec = Spec("rate", "bench-admit", rate=1_000_000, per_s=1.0) if kind == "rate" else \
+        Spec("conc", "bench-admit-slots", limit=100_000)
+    done, pid, end = 0, os.getpid(), time.monotonic() + seconds
+    while time.monotonic() < end:
+        now = time.time()
+        member = Waiter(f"r{pid}-{done}", "t", "run", 1, 1, "bench").member()
+        if not store.acquire([spec], member, f"r{pid}-{done}|t", now + 30, now).admitted:
+            raise Failure("a start was refused by a limit with room")
+        if kind == "conc":
+            store.wake([spec], now, f"r{pid}-{done}|t")
+        done += 1
+    queue.put(done)
+
+
+def section_admission(url: str, seconds: float = 5.0, clients: int = 4) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for kind in ("rate", "conc"):
+        queue: Any = multiprocessing.Queue()
+        procs = [multiprocessing.Process(target=_admit, args=(url, kind, seconds, queue)) for _ in range(clients)]
+        for proc in procs:
+            proc.start()
+        total = sum(queue.get(timeout=seconds + 30) for _ in procs)
+        for proc in procs:
+            proc.join()
+        found[kind] = round(total / seconds)
+        what = "starts/s (acquire)" if kind == "rate" else "phases/s (acquire + release)"
+        print(f"  one {'rate' if kind == 'rate' else 'concurrency'} limit admits {found[kind]:,} {what} "
+              f"from {clients} clients", flush=True)
+    redis.Redis.from_url(url).flushdb()  # the private server's entries (a rate window of a million)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SECTIONS), type=lambda s: [p for p in s.split(",") if p])
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    server = RedisServer().start()
+    logdir = Path(server.directory)
+    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO)}
+    env.pop("TASKLOOP_BROKER_URL", None)
+    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    results: dict[str, Any] = {}
+    try:
+        for section in args.only:
+            print(f"[{section}]", flush=True)
+            if section == "rate":
+                results["rate"] = section_rate(server.url, env, logdir)
+            elif section == "release":
+                results["release"] = section_release(server.url, env, logdir)
+            elif section == "admission":
+                results["admission"] = section_admission(server.url)
+    finally:
+        server.stop()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
