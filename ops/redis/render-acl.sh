@@ -7,13 +7,14 @@
 #   TASKLOOP_ACL_FILE      the file written (default /data/users.acl, as redis.conf's aclfile says)
 #
 # Passwords may hold only letters, digits and . _ ~ - (URL-safe: they go into redis:// URLs as
-# they are). Generate them with `openssl rand -hex 32`.
+# they are), are 16 characters at least, and may not be the examples of .env.example (change-me...).
+# Generate them with `openssl rand -hex 32`.
 set -eu
 
 template=${TASKLOOP_ACL_TEMPLATE:-/usr/local/etc/redis/users.acl}
 target=${TASKLOOP_ACL_FILE:-/data/users.acl}
 
-for name in REDIS_PASSWORD REDIS_WORKER_PASSWORD REDIS_CLIENT_PASSWORD REDIS_MONITOR_PASSWORD; do
+for name in REDIS_PASSWORD REDIS_WORKER_PASSWORD REDIS_CLIENT_PASSWORD REDIS_MONITOR_PASSWORD REDIS_FLOWER_PASSWORD; do
   eval "value=\${$name:-}"
   if [ -z "$value" ]; then
     echo "render-acl: $name is not set (copy .env.example to .env and fill it in)" >&2
@@ -28,6 +29,11 @@ for name in REDIS_PASSWORD REDIS_WORKER_PASSWORD REDIS_CLIENT_PASSWORD REDIS_MON
     echo "render-acl: $name is shorter than 16 characters" >&2
     exit 1
   fi
+  case $value in
+    change-me*)
+      echo "render-acl: $name is still the published example value of .env.example; set your own (openssl rand -hex 32)" >&2
+      exit 1 ;;
+  esac
 done
 
 umask 077
