@@ -182,18 +182,24 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     from taskloop.runtime.celery_app import PhaseSender, make_app
     from taskloop.store.redis_store import RedisStore
+    from taskloop.worker.orphans import restore_orphans
     from taskloop.worker.reconciler import reconcile
 
     import_modules(imports)
     settings = config.settings()
     store = RedisStore(settings.redis_url)
-    send = PhaseSender(make_app(settings), settings.redis_url)
+    app = make_app(settings)
+    send = PhaseSender(app, settings.redis_url)
+
+    def restore() -> int:
+        return restore_orphans(app, store)
+
     if every is None:
-        click.echo(str(reconcile(store, settings, send)))  # one pass: its error is the command's
+        click.echo(str(reconcile(store, settings, send, restore=restore)))  # one pass: its error is the command's
         return
     while True:  # a sidecar keeps going through Redis outages and refusals, as the worker thread does
         try:
-            click.echo(str(reconcile(store, settings, send)))
+            click.echo(str(reconcile(store, settings, send, restore=restore)))
         except TaskLoopError as exc:
             click.echo(f"reconcile pass failed: {exc}; next pass in {every:g} s", err=True)
         time.sleep(every)

@@ -6,6 +6,7 @@ last pass (the store). All of it is read with plain reads: the read-only ``monit
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,9 +18,10 @@ from taskloop.store.indexes import STORED_STATUSES
 from taskloop.store.redis_store import RedisStore
 
 LIVE_SAMPLE = 10_000  # live runs read to count them by status
-HEARTBEAT_S = 5.0  # a worker writes its heartbeat this often
-ONLINE_WITHIN_S = 15.0  # a worker is online while its last heartbeat is younger than this (3 beats)
+HEARTBEAT_S = 2.0  # a worker writes its heartbeat this often
+ONLINE_WITHIN_S = 10.0  # a worker is online while its last heartbeat is younger than this (5 beats)
 FORGET_AFTER_S = 3600.0  # a worker gone without a word leaves tl:workers after this
+HOLD_MARGIN_S = 1.0  # a message taken this long before a heartbeat is in that heartbeat's ``held``
 
 
 class WorkerInfo(BaseModel):
@@ -30,6 +32,9 @@ class WorkerInfo(BaseModel):
     queues: list[str] = Field(default_factory=list)
     active: int = 0  # tasks running on it at its last heartbeat
     at: float | None = None  # when it wrote that heartbeat
+    # the ids of every task message it held then (prefetched, waiting for a countdown or running):
+    # what the reconciler must not take back from it (taskloop/worker/orphans.py)
+    held: list[str] = Field(default_factory=list)
 
 
 class LimitInfo(BaseModel):
@@ -102,6 +107,53 @@ def heartbeat(raw: str) -> WorkerInfo | None:
         return WorkerInfo.model_validate_json(raw)
     except ValueError:
         return None
+
+
+def heartbeats(seen: dict[str, str]) -> dict[str, WorkerInfo]:
+    """Every heartbeat that parses and has a time, by node."""
+    beats = {}
+    for node, raw in seen.items():
+        info = heartbeat(raw)
+        if info is not None and info.at is not None:
+            beats[node] = info.model_copy(update={"node": node})
+    return beats
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What the live workers hold, as their heartbeats say: a message delivered before ``before``
+    (by its consumer's clock) and not in ``held`` belongs to no live worker. ``before`` is None
+    when no worker is live, or when the fleet's heartbeats are not settled yet (all of them are
+    older than a heartbeat period: the fleet is coming back from an outage of the store, and a
+    worker that has not written since then is not known to be gone)."""
+
+    before: float | None
+    held: frozenset[str]
+    silent: frozenset[str]  # nodes that fell silent while the others went on
+
+
+def holdings(beats: dict[str, WorkerInfo], now: float) -> Holdings:
+    """Who is live and what they hold. A worker is taken for gone when its last heartbeat is more
+    than ``ONLINE_WITHIN_S`` behind the freshest heartbeat of the fleet (not behind this reader's
+    clock): after an outage of the store every heartbeat is old, and none of them is gone for
+    that. Each worker writes its heartbeat by its own clock, and its consumer scores the messages
+    it takes by that same clock, so ``before`` is the oldest live heartbeat, less a margin for a
+    message taken just before a heartbeat was read from Celery's state."""
+    if not beats:
+        return Holdings(None, frozenset(), frozenset())
+    freshest = max(info.at or 0.0 for info in beats.values())
+    silent = frozenset(node for node, info in beats.items() if (info.at or 0.0) < freshest - ONLINE_WITHIN_S)
+    live = [info for node, info in beats.items() if node not in silent]
+    settled = now - freshest <= 2 * HEARTBEAT_S
+    before = min(info.at or 0.0 for info in live) - HOLD_MARGIN_S if settled and live else None
+    return Holdings(before, frozenset(task_id for info in live for task_id in info.held), silent)
+
+
+def node_of(worker: str | None) -> str | None:
+    """The node of an execution's worker ("node@host/pid"), as its heartbeat names it."""
+    if not worker:
+        return None
+    return worker.rpartition("/")[0] or worker
 
 
 def online_workers(seen: dict[str, str], now: float) -> list[WorkerInfo]:

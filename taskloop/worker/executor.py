@@ -53,6 +53,7 @@ from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Committed, Sender, begin, commit, through_outage, write
+from taskloop.runtime.fleet import heartbeats
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
 from taskloop.worker import limiter, recovery
@@ -222,14 +223,19 @@ class Executor:
         return room
 
     def _lost(self, snap: Snapshot, record: TaskRecord) -> bool:
-        """The running execution behind a redelivered message is gone: its lease expired, or its
-        process died (Celery re-queues the message of a killed pool process). The lease is looked
-        at first, and the process only once, without waiting: anyone who can publish a message
-        with a token one below a running phase's must not be able to hold a pool process with it."""
+        """The running execution behind a redelivered message is gone: its lease expired, its
+        process died (Celery re-queues the message of a killed pool process), or its worker fell
+        silent (the reconciler gave a silent worker's messages back: worker/orphans.py). The lease
+        is looked at first, and the process only once, without waiting: anyone who can publish a
+        message with a token one below a running phase's must not be able to hold a pool process
+        with it."""
+        now = clock.now()
         expiry = self.store.lease_of(snap.run_id, record.key)
-        if expiry is not None and expiry < clock.now():
+        if expiry is not None and expiry < now:
             return True
-        return recovery.worker_is_dead(record.worker, wait=0.0)
+        if recovery.worker_is_dead(record.worker, wait=0.0):
+            return True
+        return recovery.worker_silent(record, heartbeats(self.store.workers_seen()), now)
 
     def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
                  record: TaskRecord) -> caching.Lookup | Handled:

@@ -1,6 +1,8 @@
 """Worker presence: every worker's main process writes a heartbeat to the store every
 ``HEARTBEAT_S`` seconds (``tl:workers``: its node name, Celery main-process pid, pool size, the
-queues it consumes and how many phases it runs now), and removes it when it shuts down.
+queues it consumes, how many phases it runs now and the ids of every message it holds), and
+removes it when it shuts down. A worker that falls silent while the others go on is taken for
+gone: the reconciler gives the messages it held back to the queue (worker/orphans.py).
 
 ``taskloop status``, the fleet exporter and the UI's fleet page read the workers from there
 (runtime/fleet.py) instead of asking them over Celery's remote control. Reading needs no more
@@ -25,14 +27,28 @@ from taskloop.store.redis_store import RedisStore
 log = logging.getLogger("taskloop.presence")
 
 
+def held_ids() -> list[str]:
+    """The ids of the task messages this worker holds: prefetched, waiting for a countdown, or
+    running (Celery's worker state, kept by the main process)."""
+    for _ in range(10):  # the main thread may change these sets while this thread reads them
+        try:
+            held = [*worker_state.reserved_requests, *worker_state.active_requests, *worker_state.scheduled_requests]
+        except RuntimeError:
+            continue
+        return sorted({request.id for request in held if isinstance(getattr(request, "id", None), str)})
+    raise RuntimeError("the worker's requests kept changing while the heartbeat read them")
+
+
 def describe(consumer: Any, node: str) -> WorkerInfo:
-    """This worker as its heartbeat tells it (read from Celery's consumer and worker state)."""
+    """This worker as its heartbeat tells it (read from Celery's consumer and worker state). The
+    time is taken before the messages held are read: every message taken before it is among them."""
+    at = clock.now()
     pool = getattr(consumer, "pool", None)
     processes = getattr(pool, "num_processes", None) or getattr(pool, "limit", None) or 0
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
     return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
-                      active=len(worker_state.active_requests), at=clock.now())
+                      active=len(worker_state.active_requests), at=at, held=held_ids())
 
 
 class Presence:

@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from taskloop.base import clock
@@ -66,17 +67,28 @@ class Report:
     unknown_workflow: int = 0  # definition not importable here: left for a reconciler that has it
     redis_restarts: int = 0  # Redis restarted since the fleet's last pass (INFO run_id changed)
     resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
+    orphans_restored: int = 0  # messages held by a worker that fell silent, given back to their queue
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
+Restore = Callable[[], int]  # gives the messages of silent workers back to their queues (worker/orphans.py)
+
+
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
-              limit: int = 500, batches: int = 20) -> Report:
-    """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times)."""
+              limit: int = 500, batches: int = 20, restore: Restore | None = None) -> Report:
+    """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times),
+    after giving back the messages that workers gone silent held (``restore``)."""
     now = clock.now() if now is None else now
     report = Report()
     _after_restart(store, settings, send, report)
+    if restore is not None:
+        try:
+            report.orphans_restored = restore()
+        except Exception as exc:  # the broker may be away or refuse this user: the pass goes on
+            log.warning("reconcile: the messages of silent workers were not looked at: %s: %s",
+                        type(exc).__name__, exc)
     for _ in range(batches):
         due = store.due_runs(now, limit)
         rows = store.run_metas(due)
@@ -99,7 +111,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         if len(due) < limit:
             break
     store.trim_runs_index(now - settings.retention_s)
-    if report.examined or report.gates_cancelled:
+    if report.examined or report.gates_cancelled or report.orphans_restored:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     metrics.reconciled(report)
@@ -212,11 +224,13 @@ class ReconcilerThread:
     """Runs ``reconcile`` every ``interval`` seconds in a worker's main process. A short Redis lock
     lets one worker of the fleet do each pass (any other reconciler stays safe regardless)."""
 
-    def __init__(self, store: RedisStore, settings: Settings, send: Sender, interval: float) -> None:
+    def __init__(self, store: RedisStore, settings: Settings, send: Sender, interval: float,
+                 restore: Restore | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send = send
         self.interval = interval
+        self.restore = restore
         self.token = f"{socket.gethostname()}/{os.getpid()}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="taskloop-reconciler", daemon=True)
@@ -248,6 +262,6 @@ class ReconcilerThread:
                 acquired = self.store.client.set(k.RECONCILER_LOCK, self.token, nx=True,
                                                  px=max(int(self.interval * 900), 1))
                 if acquired:
-                    reconcile(self.store, self.settings, self.send)
+                    reconcile(self.store, self.settings, self.send, restore=self.restore)
             except Exception:  # keep reconciling whatever happens (Redis away, ...)
                 log.exception("reconcile pass failed")

@@ -24,6 +24,7 @@ from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import Workflow
+from taskloop.runtime.fleet import ONLINE_WITHIN_S, WorkerInfo, holdings, node_of
 
 
 def process_gone(pid: int) -> bool:
@@ -58,6 +59,18 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def worker_silent(record: TaskRecord, beats: dict[str, WorkerInfo], now: float) -> bool:
+    """True when the worker that began ``record`` fell silent while the rest of the fleet went on
+    (runtime/fleet.py, ``holdings``), or has no heartbeat at all although it began the phase longer
+    ago than a worker takes to be counted silent."""
+    node = node_of(record.worker)
+    if node is None:
+        return False
+    if node in beats:
+        return node in holdings(beats, now).silent
+    return record.began_at is not None and now - record.began_at > ONLINE_WITHIN_S
 
 
 def is_redelivery_of_running(record: TaskRecord, phase: Phase, round: int, token: int) -> bool:

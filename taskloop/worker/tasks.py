@@ -25,6 +25,7 @@ from taskloop.worker import messages, replies, starter
 from taskloop.worker.executor import Executor, Result
 from taskloop.worker.limiter import Drainer
 from taskloop.worker.logs import one_line_logs
+from taskloop.worker.orphans import restore_orphans
 from taskloop.worker.presence import Presence
 from taskloop.worker.reconciler import ReconcilerThread, reconcile
 from taskloop.worker.shutdown import GracefulShutdown
@@ -114,7 +115,8 @@ def register(app: Celery) -> None:
     def reconcile_task() -> str:
         """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
         worker = executor(app, "beat")
-        return str(reconcile(worker.store, worker.settings, worker.send))
+        return str(reconcile(worker.store, worker.settings, worker.send,
+                             restore=lambda: restore_orphans(app, worker.store)))
 
     # a message Celery's own handler chokes on is dropped, never fatal (taskloop/worker/consumer.py)
     app.conf.worker_consumer = "taskloop.worker.consumer:Consumer"
@@ -140,7 +142,7 @@ def register(app: Celery) -> None:
             return
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
         thread = ReconcilerThread(store, config, taskloop_app.PhaseSender(app, config.redis_url),
-                                  config.reconcile_interval_s)
+                                  config.reconcile_interval_s, restore=lambda: restore_orphans(app, store))
         thread.start()
         threads.append(thread)
 

@@ -1,7 +1,7 @@
 """The fault-injection harness: a private cluster, fault injectors, and the offline checker.
 
-A `Cluster` is one redis-server (AOF on) plus `taskloop worker` processes whose leases and
-reconciler run on short timers. Injectors kill, pause or duplicate real things. The checker
+A `Cluster` is one redis-server (AOF on) plus `taskloop worker` processes at the shipped
+defaults, or on a profile of short timers. Injectors kill, pause or duplicate real things. The checker
 reads the event history and the final records of every run and reports what the guarantees
 forbid: runs not terminal, a phase committed twice, rounds with gaps or past `max_rounds`,
 more executions in a round than one plus the faults injected into it, an unbalanced ledger.
@@ -31,13 +31,30 @@ from tests.workers import WorkerProcess, alive, children_of
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"done", "failed", "cancelled", "rejected"}
 
-# Short timers so that recovery is observable in seconds (the defaults are 30 s / 300 s / 5 s).
+# Short timers: a second profile, with more recoveries in the same time (the shipped defaults, the
+# profile users run and the one every fault test runs with, are 30 s / 300 s / 5 s / 0.2 s).
 FAULT_ENV = {
     "TASKLOOP_LEASE_S": "2",
     "TASKLOOP_QUEUED_LEASE_S": "6",
     "TASKLOOP_RECONCILE_INTERVAL_S": "0.5",
     "TASKLOOP_WATCH_INTERVAL_S": "0.1",
 }
+PROFILES = {"defaults": {}, "short": FAULT_ENV}  # python -m tests.faults.soak --timers ...
+_DEFAULTS = Settings(redis_url="redis://unused")
+
+
+def timer(timers: dict[str, str], name: str) -> float:
+    """A lease or interval of a profile: its own value, or the shipped default."""
+    defaults = {"TASKLOOP_LEASE_S": _DEFAULTS.running_lease_s, "TASKLOOP_QUEUED_LEASE_S": _DEFAULTS.queued_lease_s,
+                "TASKLOOP_RECONCILE_INTERVAL_S": _DEFAULTS.reconcile_interval_s,
+                "TASKLOOP_WATCH_INTERVAL_S": _DEFAULTS.watch_interval_s}
+    return float(timers[name]) if name in timers else defaults[name]
+
+
+def client_settings(url: str, timers: dict[str, str]) -> Settings:
+    """The settings of a test's client: the same leases as its workers (it writes the first ones)."""
+    return Settings(redis_url=url, running_lease_s=timer(timers, "TASKLOOP_LEASE_S"),
+                    queued_lease_s=timer(timers, "TASKLOOP_QUEUED_LEASE_S"))
 
 
 @dataclass
@@ -100,11 +117,7 @@ class Cluster:
         for name in workers:
             self.start_worker(name, concurrency)
         # the client writes the first leases: it uses the same timers as the workers
-        settings = Settings(redis_url=self.redis.url)
-        if "TASKLOOP_LEASE_S" in self.timers:
-            settings = Settings(redis_url=self.redis.url, running_lease_s=float(self.timers["TASKLOOP_LEASE_S"]),
-                                queued_lease_s=float(self.timers["TASKLOOP_QUEUED_LEASE_S"]))
-        self.client = TaskLoop(self.redis.url, config=settings)
+        self.client = TaskLoop(self.redis.url, config=client_settings(self.redis.url, self.timers))
         self.probe = redis.Redis.from_url(self.redis.url, decode_responses=True)
         return self
 

@@ -4,13 +4,14 @@ Each injector either does its fault and returns a `Fault` (kind, wall-clock time
 as ``(run, key, round, phase)`` targets, a detail) or returns None when the fleet offers nothing to
 hit right now (no callback running, an empty queue, a worker restart still under way); the driver
 then tries again a moment later. The fleet is kept whole: a killed worker is replaced under a new
-name, a stopped process is continued after twice the running lease.
+name, a stopped process is continued once past its running lease.
 
 ============== =================================================================================
 pool-kill      SIGKILL a pool process inside a callback (found via ``soak:running``); one in five
                times any pool process, wherever it is (idle, beginning a phase, committing one)
 worker-kill    SIGKILL a worker's main process and its pool; start a replacement under a new name
-sigstop        SIGSTOP a pool process inside a callback for 2 x TASKLOOP_LEASE_S + 0.5 s, then SIGCONT
+sigstop        SIGSTOP a pool process inside a callback past its lease (TASKLOOP_LEASE_S, plus two
+               reconcile passes and 0.5 s), then SIGCONT
 duplicate      send a copy of a live phase message (the record's current token)
 replay         re-send a message whose phase was committed long ago (a later round, or a finished run)
 redis-kill     SIGKILL redis-server, restart it from its AOF after 1 s
@@ -48,7 +49,7 @@ from taskloop.core.begin import Dispatch
 from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, TaskRecord
 from taskloop.runtime.celery_app import send_phase
 from tests.faults import soak_flows
-from tests.faults.harness import FAULT_ENV
+from tests.faults.harness import timer
 from tests.workers import alive
 
 if TYPE_CHECKING:
@@ -75,8 +76,11 @@ RECOVERING = ("pool-kill", "worker-kill", "sigstop", "duplicate", "redis-kill", 
               "latency", "rst")
 PROXY_KINDS = ("black-hole", "latency", "rst")  # faults of the network between the workers and Redis
 
-LEASE_S = float(FAULT_ENV["TASKLOOP_LEASE_S"])
-STOP_S = 2 * LEASE_S + 0.5  # how long a SIGSTOP lasts: past the lease, so the phase is replayed elsewhere
+
+
+def stop_s(timers: dict[str, str]) -> float:
+    """How long a SIGSTOP lasts: past the lease and a reconcile pass, so the phase is replayed elsewhere."""
+    return timer(timers, "TASKLOOP_LEASE_S") + 2 * timer(timers, "TASKLOOP_RECONCILE_INTERVAL_S") + 0.5
 MAX_STOPPED = 2  # processes stopped at once (the fleet keeps most of its capacity)
 QUEUE = "taskloop"  # the Celery queue: a Redis list, kombu LPUSHes and RPOPs
 PHASE_TASKS = {"taskloop.attempt": "attempt", "taskloop.check": "check", "taskloop.run": "run"}
@@ -255,8 +259,9 @@ class Injector:
         node, what = running[pid]
         os.kill(pid, signal.SIGSTOP)
         at = time.time()
-        self.stopped[pid] = time.monotonic() + STOP_S
-        return Fault("sigstop", at, [_target(what)], f"pid {pid} of {node} for {STOP_S:.1f}s")
+        stop = stop_s(self.cluster.timers)
+        self.stopped[pid] = time.monotonic() + stop
+        return Fault("sigstop", at, [_target(what)], f"pid {pid} of {node} for {stop:.1f}s")
 
     def _in_flight(self, run_id: str) -> list[TaskRecord]:
         assert self.cluster.client is not None

@@ -6,9 +6,10 @@ offline proof that every run ended correctly.
 One run of it:
 
 1. **Start** a private redis-server (AOF on, a free port; never the one on 6379) and
-   ``--workers`` `taskloop worker` processes (2 pool processes each) with the fault suite's short
-   timers (tests/faults/harness.py FAULT_ENV: 2 s running lease, 6 s queued lease, reconciler
-   every 0.5 s), importing tests.faults.flows and tests.faults.soak_flows. The workers reach Redis
+   ``--workers`` `taskloop worker` processes (2 pool processes each) at the shipped defaults
+   (``--timers defaults``: 30 s running lease, 300 s queued lease, reconciler every 5 s), or with
+   the short timers of tests/faults/harness.py (``--timers short``: 2 s, 6 s, 0.5 s), importing
+   tests.faults.flows and tests.faults.soak_flows. The workers reach Redis
    (store and broker) through a TCP proxy (tests/proxy.py) that the network faults control; the
    driver and the callbacks' log talk to Redis directly.
 2. **Inject** ``--faults`` faults, one about every ``--pace`` seconds, their kinds drawn by the
@@ -50,7 +51,6 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from taskloop.base.config import Settings
 from taskloop.base.errors import GateRefused, StoreUnavailable, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.snapshot import RunMeta
@@ -59,7 +59,7 @@ from taskloop.runtime import starting
 from taskloop.runtime.client import TaskLoop
 from tests.faults import soak_flows
 from tests.faults.checker import TERMINAL, Run, Verdict, check, malformed, render
-from tests.faults.harness import FAULT_ENV, Cluster
+from tests.faults.harness import PROFILES, Cluster, client_settings, timer
 from tests.faults.injectors import Fault, Injector, plan
 from tests.proxy import FaultProxy
 from tests.workers import WorkerProcess, alive
@@ -103,8 +103,9 @@ class SoakCluster(Cluster):
     """The harness's cluster, with workers that import the soak's workflows too, started without
     blocking (a replacement comes up while the soak goes on) and named s1, s2, ..."""
 
-    def __init__(self, tmp: Path, seed: int, size: int = 3, concurrency: int = 2) -> None:
-        super().__init__(tmp, seed)
+    def __init__(self, tmp: Path, seed: int, size: int = 3, concurrency: int = 2,
+                 timers: dict[str, str] | None = None) -> None:
+        super().__init__(tmp, seed, timers=PROFILES["defaults"] if timers is None else timers)
         self.size = size
         self.concurrency = concurrency
         self.retired: set[str] = set()  # killed on purpose
@@ -123,9 +124,7 @@ class SoakCluster(Cluster):
         names = [self.spawn_next() for _ in range(self.size)]
         for name in names:
             wait_until_ready(self.workers[name], self.tmp / f"{name}.log", READY_TIMEOUT_S)
-        settings = Settings(redis_url=self.redis.url, running_lease_s=float(FAULT_ENV["TASKLOOP_LEASE_S"]),
-                            queued_lease_s=float(FAULT_ENV["TASKLOOP_QUEUED_LEASE_S"]))
-        self.client = TaskLoop(self.redis.url, config=settings)
+        self.client = TaskLoop(self.redis.url, config=client_settings(self.redis.url, self.timers))
         self.probe = redis.Redis.from_url(self.redis.url, decode_responses=True)
         for name in names:
             self._ready(name)
@@ -495,11 +494,15 @@ class SoakResult:
 
 
 def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30, pace: float = 0.7,
-         drain_timeout: float = 180.0, command: str = "", echo: Any = print,
-         kinds: tuple[str, ...] | None = None) -> SoakResult:
-    """Run the soak in ``tmp`` and return the checker's verdict and the report."""
+         drain_timeout: float | None = None, command: str = "", echo: Any = print,
+         kinds: tuple[str, ...] | None = None, timers: str = "defaults") -> SoakResult:
+    """Run the soak in ``tmp`` and return the checker's verdict and the report (``timers``: a
+    profile of tests/faults/harness.py PROFILES)."""
     t0 = time.monotonic()
-    cluster = SoakCluster(tmp, seed, size=workers)
+    cluster = SoakCluster(tmp, seed, size=workers, timers=PROFILES[timers])
+    if drain_timeout is None:  # a lost message waits for its queued lease, a stopped process for its lease
+        drain_timeout = (timer(cluster.timers, "TASKLOOP_QUEUED_LEASE_S")
+                         + 4 * timer(cluster.timers, "TASKLOOP_LEASE_S") + 60.0)
     try:
         cluster.start()
         t_start = time.monotonic()
@@ -524,7 +527,7 @@ def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30,
             "seed": seed, "command": command or f"python -m tests.faults.soak --faults {faults} --seed {seed}",
             "cores": os.cpu_count(), "workers": workers, "concurrency": cluster.concurrency,
             "workers_started": len(cluster.workers), "live": live,
-            "timers": ", ".join(f"{name}={value}" for name, value in FAULT_ENV.items()),
+            "timers": ", ".join(f"{name}={value}" for name, value in cluster.timers.items()) or "the shipped defaults",
             "total_s": t_check - t0, "start_s": t_start - t0, "inject_s": t_inject - t_start,
             "drain_s": t_drain - t_inject, "fleet_s": t_fleet - t_drain, "check_s": t_check - t_fleet,
         }
@@ -580,16 +583,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="worker nodes (2 pool processes each)")
     parser.add_argument("--live", type=int, default=30, help="runs kept live at a time")
     parser.add_argument("--pace", type=float, default=0.7, help="mean seconds between two faults")
-    parser.add_argument("--drain-timeout", type=float, default=180.0, help="seconds for every run to end")
+    parser.add_argument("--drain-timeout", type=float, default=None,
+                        help="seconds for every run to end (default: the queued lease + 4 running leases + 60 s)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory even on success")
+    parser.add_argument("--timers", choices=sorted(PROFILES), default="defaults",
+                        help="leases and reconcile interval: the shipped defaults, or short ones (default: defaults)")
+    parser.add_argument("--kinds", default=None,
+                        help="comma-separated fault kinds to draw from (default: every kind)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     tmp = Path(tempfile.mkdtemp(prefix=f"taskloop-soak-{seed}-"))
     command = " ".join(["python -m tests.faults.soak", *(argv if argv is not None else sys.argv[1:])])
     if args.seed is None:
         command += f" (seed {seed})"
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
     result = soak(args.faults, seed, tmp, workers=args.workers, live=args.live, pace=args.pace,
-                  drain_timeout=args.drain_timeout, command=command)
+                  drain_timeout=args.drain_timeout, command=command, kinds=kinds, timers=args.timers)
     print(result.report)
     if args.report is not None:
         args.report.write_text(result.report)

@@ -1,0 +1,84 @@
+"""Who is live and what the live workers hold, from their heartbeats alone (runtime/fleet.py
+``holdings``), the silent-worker test of a redelivery (worker/recovery.py ``worker_silent``) and
+reading kombu's unacked entries (worker/orphans.py ``message_id``): pure logic, no Redis."""
+
+from __future__ import annotations
+
+import json
+
+from taskloop.core.phases import Phase, Slot, TaskRecord, TaskStatus
+from taskloop.define.tasks import TaskKind
+from taskloop.runtime.fleet import HEARTBEAT_S, HOLD_MARGIN_S, ONLINE_WITHIN_S, WorkerInfo, holdings, node_of
+from taskloop.worker.orphans import message_id
+from taskloop.worker.recovery import worker_silent
+
+
+def beat(node: str, at: float, *held: str) -> WorkerInfo:
+    return WorkerInfo(node=node, processes=2, at=at, held=list(held))
+
+
+def test_no_worker_means_nothing_is_known_held() -> None:
+    hold = holdings({}, now=100.0)
+    assert hold.before is None and not hold.held and not hold.silent
+
+
+def test_a_worker_silent_while_the_others_go_on_is_gone_and_its_messages_are_nobodys() -> None:
+    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 100.0 - ONLINE_WITHIN_S - 0.5, "m2")}
+    hold = holdings(beats, now=101.0)
+    assert hold.silent == {"b"}
+    assert hold.held == {"m1"}  # m2 is held by nobody live
+    assert hold.before == 100.0 - HOLD_MARGIN_S  # the oldest live heartbeat, less the margin
+
+
+def test_a_worker_a_little_behind_is_still_live() -> None:
+    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 100.0 - ONLINE_WITHIN_S + 0.5, "m2")}
+    hold = holdings(beats, now=100.5)
+    assert not hold.silent and hold.held == {"m1", "m2"}
+    # a message b took after its last heartbeat is not in that heartbeat: the cut is before it
+    assert hold.before == beats["b"].at - HOLD_MARGIN_S  # type: ignore[operator]
+
+
+def test_after_an_outage_of_the_store_every_heartbeat_is_old_and_nobody_is_gone() -> None:
+    # Given heartbeats all written before a 60 s outage, read just after it
+    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 99.0, "m2")}
+    hold = holdings(beats, now=160.0)
+    # Then nobody fell silent while the others went on, and nothing may be taken back yet
+    assert not hold.silent
+    assert hold.before is None
+
+
+def test_the_fleet_is_settled_again_after_one_round_of_heartbeats() -> None:
+    beats = {"a": beat("a", 160.0), "b": beat("b", 159.0)}
+    assert holdings(beats, now=160.0 + HEARTBEAT_S).before == 159.0 - HOLD_MARGIN_S
+
+
+def record(worker: str | None, began_at: float | None) -> TaskRecord:
+    return TaskRecord(key="work", kind=TaskKind.LOOP, limit=3, status=TaskStatus.ACTIVE, phase=Phase.ATTEMPT,
+                      slot=Slot.RUNNING, round=1, token=2, worker=worker, began_at=began_at)
+
+
+def test_node_of_an_execution() -> None:
+    assert node_of("w1@host/123") == "w1@host"
+    assert node_of("w1@host") == "w1@host"
+    assert node_of(None) is None
+
+
+def test_a_redelivery_of_a_phase_whose_worker_fell_silent_is_a_lost_execution() -> None:
+    beats = {"a@h": beat("a@h", 100.0), "b@h": beat("b@h", 80.0)}
+    assert worker_silent(record("b@h/7", 79.0), beats, now=100.5)
+    assert not worker_silent(record("a@h/7", 99.0), beats, now=100.5)
+
+
+def test_a_worker_without_a_heartbeat_counts_as_silent_only_once_it_had_time_to_write_one() -> None:
+    beats = {"a@h": beat("a@h", 100.0)}
+    assert not worker_silent(record("new@h/1", 99.0), beats, now=100.0)
+    assert worker_silent(record("gone@h/1", 100.0 - ONLINE_WITHIN_S - 1), beats, now=100.0)
+    assert not worker_silent(record(None, None), beats, now=100.0)
+
+
+def test_the_task_id_of_an_unacked_entry() -> None:
+    payload = {"body": "W10=", "headers": {"id": "abc", "task": "taskloop.attempt"}, "properties": {}}
+    assert message_id(json.dumps([payload, "", "taskloop"])) == "abc"
+    assert message_id(json.dumps([payload, "", "taskloop"]).encode()) == "abc"
+    for broken in ("not json", json.dumps([]), json.dumps([{"headers": {}}]), json.dumps([{"headers": {"id": 3}}])):
+        assert message_id(broken) is None
