@@ -529,3 +529,18 @@ def test_ci_and_the_image_install_the_same_hashed_lock() -> None:
 
     for name, checked in CHECKED.items():
         assert dev[name] in checked and version(name) == dev[name], name
+
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def test_base_images_are_pinned_by_digest() -> None:
+    """F9: every image the Dockerfile and the compose file pull is pinned by its digest (the image
+    built from this repo, taskloop:local, is not pulled)."""
+    froms = re.findall(r"^FROM\s+(\S+)", (REPO / "ops" / "docker" / "Dockerfile").read_text(), re.M)
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    pulled = [service["image"] for service in compose["services"].values()
+              if "image" in service and "build" not in service and not service["image"].startswith("taskloop:")]
+    assert froms and pulled
+    unpinned = [image for image in [*froms, *pulled] if not DIGEST.search(image)]
+    assert not unpinned, f"pinned by tag only: {unpinned}"
