@@ -82,11 +82,16 @@ class RedisStore(Indexes, Limits):
         self.events_maxlen = events_maxlen
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
-        self.client: Any = client or clients.store_client(
-            url, retries=retries, single_connection=single_connection, socket_timeout=SOCKET_TIMEOUT_S)
+        self.client: Any = client or self._connect(retries, single_connection)
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin", "limits")}
 
+
+    @wrap
+    def _connect(self, retries: int, single_connection: bool) -> Any:
+        """The store's client (a single-connection client connects here, and fails here as any call)."""
+        return clients.store_client(self.url, retries=retries, single_connection=single_connection,
+                                    socket_timeout=SOCKET_TIMEOUT_S)
 
     # reads of one run -----------------------------------------------------------------------
     @wrap

@@ -53,7 +53,6 @@ from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Committed, Sender, begin, commit, through_outage, write
-from taskloop.runtime.fleet import heartbeats
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
 from taskloop.worker import limiter, recovery
@@ -101,10 +100,14 @@ class Executor:
         self.resend: limiter.Resend = resend or getattr(send, "resend", None) or _no_resend
         self.watcher = Watcher(store, settings)
         self.caps = settings.caps()
+        # set once the current message's callback was called: until then a store outage may hand
+        # the message back to the queue (worker/tasks.py), since nothing ran yet
+        self.calling = False
 
     # entry point ----------------------------------------------------------------------------
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> Handled:
         """Process one message."""
+        self.calling = False
         fields = self._fields(phase, key, round)
         reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields)
         snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
@@ -178,7 +181,12 @@ class Executor:
     def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
         """The full path: the message was not begun by begin.lua."""
         if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token:
-            if recovery.is_redelivery_of_running(record, phase, round, token) and self._lost(snap, record):
+            if recovery.is_redelivery_of_running(record, phase, round, token) and record.worker == self.worker:
+                # this process began it, and the reply of that begin was lost (a timeout, retried):
+                # one process runs one message at a time, so it is this message's own execution
+                return self._began(snap, record)
+            if recovery.is_redelivery_of_running(record, phase, round, token) and recovery.execution_lost(
+                    self.store, snap.run_id, record):
                 return self._recover(snap, record)
             limiter.left_waiting(self.store, snap, record)
             return self._stale(snap, record, phase, round, token)
@@ -221,21 +229,6 @@ class Executor:
         if isinstance(room, limiter.Waiting):
             return Handled(Result.THROTTLED, reason=f"waits for limit {room.limit}")
         return room
-
-    def _lost(self, snap: Snapshot, record: TaskRecord) -> bool:
-        """The running execution behind a redelivered message is gone: its lease expired, its
-        process died (Celery re-queues the message of a killed pool process), or its worker fell
-        silent (the reconciler gave a silent worker's messages back: worker/orphans.py). The lease
-        is looked at first, and the process only once, without waiting: anyone who can publish a
-        message with a token one below a running phase's must not be able to hold a pool process
-        with it."""
-        now = clock.now()
-        expiry = self.store.lease_of(snap.run_id, record.key)
-        if expiry is not None and expiry < now:
-            return True
-        if recovery.worker_is_dead(record.worker, wait=0.0):
-            return True
-        return recovery.worker_silent(record, heartbeats(self.store.workers_seen()), now)
 
     def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
                  record: TaskRecord) -> caching.Lookup | Handled:
@@ -334,6 +327,7 @@ class Executor:
                 os.kill(os.getpid(), signals.SIGKILL)
 
         try:
+            self.calling = True
             with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun, renew):
                 outcome = call_phase(task, phase, ctx, snap, self.caps)
             return self._record(workflow, task, snap, record, outcome, signal)

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 
+from taskloop.base import clock
 from taskloop.base.errors import CorruptRecord, PhaseAbandoned
 from taskloop.core import fields as fld
 from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskRecord, TaskStatus, active_state
@@ -24,7 +25,8 @@ from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import Workflow
-from taskloop.runtime.fleet import ONLINE_WITHIN_S, WorkerInfo, holdings, node_of
+from taskloop.runtime.fleet import ONLINE_WITHIN_S, WorkerInfo, heartbeats, holdings, node_of
+from taskloop.store.redis_store import RedisStore
 
 
 def process_gone(pid: int) -> bool:
@@ -59,6 +61,21 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def execution_lost(store: RedisStore, run_id: str, record: TaskRecord) -> bool:
+    """The running execution behind a redelivered message is gone: its lease expired, its process
+    died (Celery re-queues the message of a killed pool process), or its worker fell silent (the
+    reconciler gave a silent worker's messages back: worker/orphans.py). The lease is looked at
+    first, and the process only once, without waiting: anyone who can publish a message with a
+    token one below a running phase's must not be able to hold a pool process with it."""
+    now = clock.now()
+    expiry = store.lease_of(run_id, record.key)
+    if expiry is not None and expiry < now:
+        return True
+    if worker_is_dead(record.worker, wait=0.0):
+        return True
+    return worker_silent(record, heartbeats(store.workers_seen()), now)
 
 
 def worker_silent(record: TaskRecord, beats: dict[str, WorkerInfo], now: float) -> bool:

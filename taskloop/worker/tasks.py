@@ -15,8 +15,10 @@ import os
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import Reject
 
 from taskloop.base.config import settings
+from taskloop.base.errors import StoreUnavailable
 from taskloop.core.phases import EventKind, Phase
 from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
@@ -62,8 +64,18 @@ def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ..
                             ("run_id", "key", "round", "token"))
     if isinstance(message, str):
         return message
-    handled = executor(app, hostname or "worker").handle(phase, message.run_id, message.key, message.round,
-                                                         message.token)
+    worker: Executor | None = None
+    try:
+        worker = executor(app, hostname or "worker")
+        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token)
+    except StoreUnavailable as exc:
+        if worker is not None and worker.calling:
+            raise  # the callback ran: its outcome was retried for TASKLOOP_RECORD_OUTAGE_S; its lease replays it
+        # nothing ran yet (the store was away at the begin): the message goes back to the queue
+        # instead of being acknowledged, so the phase does not wait for its queued lease
+        log.warning("run %s task %s: the store is unreachable before %s round %s began; the message goes back "
+                    "to the queue (%s)", message.run_id, message.key, phase.value, message.round, exc)
+        raise Reject(f"store unreachable: {exc}", requeue=True) from None
     if handled.result in (Result.STALE, Result.SUPERSEDED, Result.DROPPED):
         return replies.ignored(f"{handled.result.value}: {handled.reason}")
     if handled.outcome is EventKind.FAIL and handled.error is not None:

@@ -42,6 +42,7 @@ from tests.workers import WorkerProcess
 pytestmark = pytest.mark.timeout(240)
 
 NODE_TIMEOUT_MS = 2000  # the Redis servers' cluster-node-timeout (a test setting of Redis, not of taskloop)
+REDIS_DEFAULT_NODE_TIMEOUT_MS = 15_000  # Redis's own default: a failover takes longer than a store call rides out
 RUNS = 12
 ROUNDS = 12
 PAUSE_S = 0.1
@@ -56,10 +57,11 @@ class Fleet:
     client: TaskLoop
 
 
-@pytest.fixture()
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+@pytest.fixture(params=[pytest.param(NODE_TIMEOUT_MS, id="node-timeout-2s"),
+                        pytest.param(REDIS_DEFAULT_NODE_TIMEOUT_MS, id="node-timeout-15s", marks=pytest.mark.slow)])
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     config.reset()
-    cluster = Cluster(tmp_path / "cluster", replicas=1, node_timeout_ms=NODE_TIMEOUT_MS).start()
+    cluster = Cluster(tmp_path / "cluster", replicas=1, node_timeout_ms=request.param).start()
     (tmp_path / "broker").mkdir()
     broker = RedisServer(tmp_path / "broker", appendonly=False)
     workers: list[WorkerProcess] = []

@@ -248,3 +248,42 @@ def test_latency_200ms_at_the_shipped_defaults(cluster: ProxiedCluster) -> None:
 @pytest.mark.timeout(240)
 def test_rst_of_every_connection_at_the_shipped_defaults(cluster: ProxiedCluster) -> None:
     scenario(cluster, "RST of every connection x3, 2 s apart (proxy) at the defaults", resets(3, 2.0))
+
+
+@pytest.mark.timeout(240)
+def test_a_phase_that_cannot_begin_for_want_of_the_store_goes_back_to_the_queue(tmp_path: Path) -> None:
+    """The store away, the broker fine (a store of its own: a Cluster failing over, a store behind
+    another network path): a worker takes a phase message and cannot begin it. The message goes
+    back to the queue instead of being acknowledged, so the phase starts as soon as the store
+    answers, not after its queued lease (TASKLOOP_QUEUED_LEASE_S, 300 s)."""
+    cluster = Cluster(tmp_path, 24, timers={})
+    cluster.redis.start()
+    proxy = FaultProxy("127.0.0.1", cluster.redis.port).start()
+    worker = WorkerProcess(proxy.url_for(0), cluster.imports, tmp_path / "s1.log", name="s1", concurrency=1,
+                           broker_url=cluster.redis.url, env={**cluster.env, "FAULT_PROBE_URL": cluster.redis.url})
+    client = TaskLoop(cluster.redis.url, config=Settings(redis_url=cluster.redis.url))
+    try:
+        worker.ready(30)
+        # Given a worker that reaches its broker but not its store (refused: the proxy is gone)
+        proxy.stop()
+        # When a run starts: its first message reaches the worker, whose begin cannot reach the store
+        run = client.start(flows.grind, input={"hold_s": 0.05, "accept_round": 1})
+        deadline = time.monotonic() + 60
+        while "goes back to the queue" not in worker.log():  # the begin gave up at least once
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.5)
+        assert client.status(run.run_id) == "running"
+        proxy = FaultProxy("127.0.0.1", cluster.redis.port, listen_port=proxy.port).start()
+        back = time.time()
+        # Then the run is done within seconds of the store answering again
+        result = run.wait(timeout=60)
+        assert result.status == "done", result
+        took = (client.inspect(run.run_id).finished_at or 0) - back
+        print(f"\nstore refused, broker fine: the run was done {took:.2f} s after the store answered again")
+        assert took < RESUME_LIMIT_S
+        assert worker.alive()
+    finally:
+        client.close()
+        worker.stop()
+        proxy.stop()
+        cluster.redis.stop()
