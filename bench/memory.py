@@ -7,7 +7,9 @@
 Starts its own redis-server (no AOF, so that its buffers do not blur the figures) and one
 ``taskloop worker`` with 2 pool processes, then for each workflow: starts N runs, waits for all
 of them, and reports the growth of ``used_memory`` per run (and per task), with what each of a
-run's keys holds (``MEMORY USAGE``, sampled), its event count and the global index entries.
+run's keys holds (``MEMORY USAGE``, sampled), its event count and the global index entries; first
+as the runs ended (the worker's reconciler is off), then once a reconcile pass has compacted them
+(taskloop/store/compacted.py): what a finished run holds for the rest of its retention.
 
 - ``loop3``: one loop task accepted in round 3 (small candidates, a short feedback);
 - ``chain10``: ten plain tasks in a chain, each returning a 1 KB string (a realistic output).
@@ -87,14 +89,15 @@ def settle(r: redis.Redis) -> int:
 def key_sizes(r: redis.Redis, run_ids: list[str]) -> dict[str, Any]:
     from taskloop.store import keys as k
 
-    sizes: dict[str, list[int]] = {"run hash": [], "events stream": [], "end list": [], "leases zset": []}
+    sizes: dict[str, list[int]] = {"run hash": [], "events stream": [], "end list": [], "leases zset": [],
+                                   "compact record": []}
     events: list[int] = []
     fields: list[int] = []
     ttls: list[int] = []
     for run_id in run_ids[:SAMPLE]:
         keys = k.RunKeys.of(run_id)
         for label, name in (("run hash", keys.run), ("events stream", keys.events), ("end list", keys.end),
-                            ("leases zset", keys.leases)):
+                            ("leases zset", keys.leases), ("compact record", keys.compact)):
             sizes[label].append(int(r.memory_usage(name, samples=0) or 0))
         events.append(int(r.xlen(keys.events)))
         fields.append(int(r.hlen(keys.run)))
@@ -154,18 +157,39 @@ class Bench:
         assert self.r is not None
         workflow, tasks = WORKFLOWS[name]
         self.runs(workflow, 5)  # warm up: scripts loaded, connections made
+        self.compact_all()
         before = settle(self.r)
         started = time.perf_counter()
         ids = self.runs(workflow, n)
         seconds = time.perf_counter() - started
+        ended = settle(self.r)
+        ended_sizes = key_sizes(self.r, ids)
+        took = self.compact_all()
         after = settle(self.r)
         per_run = (after - before) / n
         return {"workflow": name, "runs": n, "tasks per run": tasks, "seconds": round(seconds, 1),
-                "used_memory delta per run bytes": round(per_run),
-                "per task bytes": round(per_run / tasks),
-                **key_sizes(self.r, ids),
+                "as ended: used_memory delta per run bytes": round((ended - before) / n),
+                **{f"as ended: {label}": value for label, value in ended_sizes.items()},
+                "compacted: used_memory delta per run bytes": round(per_run),
+                "compacted: per task bytes": round(per_run / tasks),
+                **{f"compacted: {label}": value for label, value in key_sizes(self.r, ids).items()},
+                "compaction pass seconds": round(took, 2),
                 "tl:runs bytes per entry": round(int(self.r.memory_usage("tl:runs", samples=0) or 0)
                                                  / max(int(self.r.zcard("tl:runs")), 1))}
+
+    def compact_all(self) -> float:
+        """One reconcile pass that finds every finished run due (as the workers' passes do within a
+        pass of each run's end), so that every finished run is compacted; how long it took."""
+        from taskloop.base.config import Settings
+        from taskloop.runtime.celery_app import PhaseSender
+        from taskloop.worker.reconciler import reconcile
+
+        assert self.client is not None
+        settings = Settings(redis_url=self.server.url)
+        started = time.perf_counter()
+        reconcile(self.client.store, settings, PhaseSender(self.client.app, self.server.url), now=time.time() + 60,
+                  batches=1000)
+        return time.perf_counter() - started
 
     def retention(self, n: int, retention_s: int) -> dict[str, Any]:
         """Runs under a short retention: memory returns once they expire and the index is trimmed."""
@@ -205,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
             assert bench.r is not None
             info = bench.r.info("server")
             print(f"redis {info['redis_version']}, {args.runs} runs per workflow, worker -c 2")
-            bench.start_worker()
+            bench.start_worker({"TASKLOOP_RECONCILE_INTERVAL_S": "0"})  # the bench compacts when it measures
             results: dict[str, Any] = {name: bench.measure(name, args.runs) for name in WORKFLOWS}
             results["retention"] = bench.retention(args.runs, args.retention_s)
         finally:

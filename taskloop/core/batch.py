@@ -29,6 +29,7 @@ class Listed:
     workflow: str | None
     status: str | None
     score: float | None
+    index: Index | None = None  # instead of a run list, a global index (by the index's own score)
 
 
 ListKey = Callable[[Listed], str]
@@ -61,6 +62,11 @@ class Writes:
         self.listed += [Listed(None, status, score), Listed(workflow, status, score)]
         if new:
             self.listed += [Listed(None, None, score), Listed(workflow, None, score)]
+
+    def look_at(self, score: float) -> None:
+        """Put the run in the live index at ``score``: the reconciler looks at it then (a run that
+        ends is looked at, forgotten and compacted at the next pass)."""
+        self.listed.append(Listed(None, None, score, Index.LIVE))
 
     def unlist_run(self, workflow: str, status: str) -> None:
         """Leave every run list (a run deleted as it ends)."""

@@ -34,6 +34,15 @@ F_FORKED_FROM = "forked"  # a fork: JSON {"run_id", "task", "round"} of the run 
 F_COPIED = "copied"  # a fork: JSON {"tasks": [kept keys], "rounds": {task: rounds copied}, "usage": {...}}
 META_FIELDS = (F_FORMAT, F_WORKFLOW, F_VERSION, F_FINGERPRINT, F_CREATED, F_FINISHED, F_STATUS, F_CONTROL,
                F_TERMINATION, F_REJECTED, F_OPEN, F_ACTIVE, F_PAUSED, F_ERROR, F_FORKED_FROM)
+F_COMPACT = "z"  # present ("1") once the finished run was compacted: its data is in the run's compact record
+
+# A finished run, compacted (taskloop/store/compacted.py), keeps these in its hash, where the run
+# lists, wait() and a repeated start read them; everything else moves into its compact record, but
+# what only a live run needs: the counters of open, active and paused tasks, and per task its
+# prepared begin and its throttle note.
+COMPACT_KEEP = (*META_FIELDS, F_INPUT_DIGEST)
+LIVE_ONLY = frozenset({F_OPEN, F_ACTIVE, F_PAUSED})
+LIVE_ONLY_PREFIXES = ("b:", "th:")
 
 USAGE_NAMES = ("attempts", "input", "cached", "output")
 

@@ -466,6 +466,7 @@ class Planner:
             final.unlist_run(self.workflow.name, was)
         else:
             final.list_run(self.workflow.name, status.value, self.created(), was=was)
+        final.look_at(self.now)  # the next reconcile pass forgets it, and compacts it (store/compacted.py)
 
 
 EVENT_TEXT_LIMIT = 300  # characters of a feedback quoted in an event (the whole one is in the round data)

@@ -305,6 +305,7 @@ class TaskLoop:
                 f"(fingerprint {meta.fingerprint}, this process has {wf.fingerprint}); a run resumes only "
                 "under the definition it started with: restore it, or start a new run"
             )
+        self.store.expand(run_id)  # a compacted run is written like a live one again (store/compacted.py)
 
         def plan(view: Snapshot) -> Planner:
             if view.get(fld.F_STATUS) != RunStatus.FAILED.value:

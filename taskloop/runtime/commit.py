@@ -157,7 +157,7 @@ def observe(store: RedisStore, workflow: Workflow, run_id: str, events: list[Eve
         return
     failures = notify(workflow.observers, [e.model_copy(update={"run_id": run_id}) for e in events])
     if failures:
-        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists")
+        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists").expect(fld.F_COMPACT, None, "not compacted")
         for failure in failures:
             batch.event(Event(type=ev.OBSERVER_ERROR, at=clock.now(), data=failure))
         batch.incr(fld.stat_field("observer_errors"), len(failures))

@@ -27,6 +27,9 @@ class Indexes:
     client: Any
     url: str
 
+    def compacted_fields(self, run_id: str) -> dict[str, str]:
+        raise NotImplementedError  # RedisStore has it from store/compacted.py
+
     # fleet counters and indexes (outside the run scripts: a run keeps to one slot) -------------
     @wrap
     def incr_stat(self, name: str, amount: int = 1) -> None:
@@ -154,7 +157,15 @@ class Indexes:
         pipe = self.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hscan(k.RunKeys.of(run_id).run, 0, match=f"{fld.TASK_PREFIX}*", count=per_run)
-        return [list(found.values()) for _, found in pipe.execute()]
+            pipe.hexists(k.RunKeys.of(run_id).run, fld.F_COMPACT)
+        replies = pipe.execute()
+        found: list[list[str]] = []
+        for run_id, (_, records), compacted in zip(run_ids, replies[::2], replies[1::2], strict=True):
+            if compacted:  # a compacted run's records are in its compact record (store/compacted.py)
+                records = {name: value for name, value in self.compacted_fields(run_id).items()
+                           if name.startswith(fld.TASK_PREFIX)}
+            found.append(list(records.values())[:per_run])
+        return found
 
     @wrap
     def run_ids_with_prefix(self, prefix: str, limit: int = 2) -> list[str]:

@@ -1,14 +1,16 @@
 """Every Redis key taskloop uses. Nothing else builds them. (The fields inside a run's hash are
 named in taskloop/core/fields.py.)
 
-A run owns four keys, all hash-tagged with ``{run_id}`` so that they share one cluster slot and
-every script of a run touches a single slot:
+A run owns four keys, and a fifth once compacted, all hash-tagged with ``{run_id}`` so that they
+share one cluster slot and every script of a run touches a single slot:
 
 ``tl:{R}``          HASH    the run: its meta fields, one field per task record, and the data
                             (input, values, candidates, checks, prepared begins, receipts)
 ``tl:{R}:events``   STREAM  the run's events
 ``tl:{R}:end``      LIST    one element once the run has ended (what ``wait()`` blocks on)
 ``tl:{R}:leases``   ZSET    task key -> lease expiry (epoch seconds)
+``tl:{R}:z``        STRING  a finished run, compacted: its data and events in one record (the
+                            hash then keeps only its meta fields; taskloop/store/compacted.py)
 
 The global keys are indexes: ``tl:runs`` (runs by creation time, for ``taskloop runs``),
 ``tl:live`` (live runs by the time the reconciler should next look at them), ``tl:stats`` (fleet
@@ -41,7 +43,10 @@ WORKERS = f"{PREFIX}:workers"  # HASH node -> JSON of the worker as it last said
 
 def run_list(entry: Listed) -> str:
     """The run list an entry belongs to (ZSET run_id -> created_at); the list of every run is the
-    runs index. Workflow names hold no ':' (taskloop/base/names.py), so the shapes cannot collide."""
+    runs index. Workflow names hold no ':' (taskloop/base/names.py), so the shapes cannot collide.
+    An entry of a global index (``entry.index``) is that index's key."""
+    if entry.index is not None:
+        return INDEX_KEYS[entry.index]
     if entry.workflow is None:
         return RUNS_INDEX if entry.status is None else f"{PREFIX}:runs:s:{entry.status}"
     if entry.status is None:
@@ -57,14 +62,20 @@ class RunKeys:
     events: str
     end: str
     leases: str
+    compact: str
 
     @classmethod
     def of(cls, run_id: str) -> RunKeys:
         tag = f"{PREFIX}:{{{run_id}}}"
-        return cls(run=tag, events=f"{tag}:events", end=f"{tag}:end", leases=f"{tag}:leases")
+        return cls(run=tag, events=f"{tag}:events", end=f"{tag}:end", leases=f"{tag}:leases", compact=f"{tag}:z")
 
     def all(self) -> list[str]:
+        """cas.lua's four keys (a compacted run is not written by cas.lua)."""
         return [self.run, self.events, self.end, self.leases]
+
+    def with_compact(self) -> list[str]:
+        """compact.lua's and expand.lua's five keys."""
+        return [*self.all(), self.compact]
 
 
 INDEX_KEYS = {Index.LIVE: LIVE_INDEX}  # the global indexes a write adds runs to

@@ -19,6 +19,7 @@ from taskloop.core.events import Event, from_entry, split_id
 from taskloop.core.snapshot import Snapshot
 from taskloop.store import keys as k
 from taskloop.store.calls import wrap
+from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
 from taskloop.store.limit_store import Limits
 
@@ -70,7 +71,13 @@ class BeginReply:
     fields: dict[str, str | None]
 
 
-class RedisStore(Indexes, Limits):
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as the stream orders them."""
+    millis, _, seq = entry_id.partition("-")
+    return int(millis), int(seq or 0)
+
+
+class RedisStore(Compacted, Indexes, Limits):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (errors.describe)."""
 
@@ -84,7 +91,7 @@ class RedisStore(Indexes, Limits):
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
         self.client: Any = client or self._connect(retries, single_connection)
         self._blocking: Any = None  # a client for blocking reads, made on first use
-        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin", "limits")}
+        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin", "limits", "compact", "expand")}
 
 
     @wrap
@@ -96,9 +103,15 @@ class RedisStore(Indexes, Limits):
     # reads of one run -----------------------------------------------------------------------
     @wrap
     def hmget(self, run_id: str, fields: Sequence[str]) -> list[str | None]:
+        """Fields of a run's hash, or of its compact record once it was compacted (store/compacted.py)."""
         if not fields:
             return []
-        return list(self.client.hmget(k.RunKeys.of(run_id).run, list(fields)))
+        *values, marker = self.client.hmget(k.RunKeys.of(run_id).run, [*fields, fld.F_COMPACT])
+        if marker is None:
+            return list(values)
+        record = self.compact_record(run_id)
+        moved = record.fields if record is not None else {}
+        return [value if value is not None else moved.get(name) for name, value in zip(fields, values, strict=True)]
 
     def snapshot(self, run_id: str, fields: Iterable[str] = ()) -> Snapshot:
         """A snapshot of the run that loads further fields on demand (check ``.exists``)."""
@@ -108,13 +121,17 @@ class RedisStore(Indexes, Limits):
 
     @wrap
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
-        """Every hash field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
-        return dict(self.client.hscan_iter(k.RunKeys.of(run_id).run, match=f"{prefix}*", count=1000))
+        """Every field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
+        run = k.RunKeys.of(run_id).run
+        if self.client.hexists(run, fld.F_COMPACT):
+            return {name: value for name, value in self.compacted_fields(run_id).items() if name.startswith(prefix)}
+        return dict(self.client.hscan_iter(run, match=f"{prefix}*", count=1000))
 
     @wrap
     def all_fields(self, run_id: str) -> dict[str, str]:
-        """The whole run hash (inspect of one run)."""
-        return dict(self.client.hgetall(k.RunKeys.of(run_id).run))
+        """The whole run (inspect of one run): its hash, or everything a compacted run holds."""
+        found = dict(self.client.hgetall(k.RunKeys.of(run_id).run))
+        return self.compacted_fields(run_id) if fld.F_COMPACT in found else found
 
     @wrap
     def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
@@ -150,12 +167,25 @@ class RedisStore(Indexes, Limits):
     def events(self, run_id: str, after: str | None = None) -> list[Event]:
         """The run's events in order; with ``after`` (an event id), only the later ones."""
         if after is None:
-            entries = self.client.xrange(k.RunKeys.of(run_id).events, "-", "+")
+            entries = self.client.xrange(k.RunKeys.of(run_id).events, "-", "+") or self._compacted_entries(run_id)
             return [e for entry_id, fields in entries for e in from_entry(run_id, entry_id, fields)]
         entry, index = split_id(after)
-        entries = self.client.xrange(k.RunKeys.of(run_id).events, entry, "+")
+        entries = self.client.xrange(k.RunKeys.of(run_id).events, entry, "+") \
+            or self._compacted_entries(run_id, after=entry, inclusive=True)
         found = [e for entry_id, fields in entries for e in from_entry(run_id, entry_id, fields)]
         return [e for e in found if e.entry_id != entry or split_id(e.id or "")[1] > index]
+
+    def _compacted_entries(self, run_id: str, after: str | None = None,
+                           inclusive: bool = False) -> list[tuple[str, dict[str, str]]]:
+        """The stream entries of a compacted run (after entry ``after``); none for any other run."""
+        if not self.client.hexists(k.RunKeys.of(run_id).run, fld.F_COMPACT):
+            return []
+        record = self.compact_record(run_id)
+        entries = record.entries if record is not None else []
+        if after is None or after in ("0", "0-0"):
+            return entries
+        bound = _entry_order(after)
+        return [(i, f) for i, f in entries if _entry_order(i) > bound or (inclusive and _entry_order(i) == bound)]
 
     def _blocking_client(self, block_s: float) -> Any:
         """The client for blocking reads: its socket timeout outlasts the block by BLOCK_MARGIN_S, and
@@ -185,9 +215,8 @@ class RedisStore(Indexes, Limits):
         stream = k.RunKeys.of(run_id).events
         reply: Any = self._block(block_ms / 1000.0,
                                  lambda c: c.xread({stream: last_entry}, block=max(block_ms, 1)), [])
-        if not reply:
-            return []
-        return [e for entry_id, fields in reply[0][1] for e in from_entry(run_id, entry_id, fields)]
+        entries = reply[0][1] if reply else self._compacted_entries(run_id, after=last_entry)
+        return [e for entry_id, fields in entries for e in from_entry(run_id, entry_id, fields)]
 
     @wrap
     def block_end(self, run_id: str, block_ms: int) -> bool:

@@ -418,7 +418,8 @@ class Executor:
     def _count_refusal(self, run_id: str, name: str) -> None:
         """A refused delivery is a counter, never an event; it never re-creates an expired run."""
         self.store.incr_stat(name)
-        write(self.store, Batch(run_id).exists(fld.F_WORKFLOW, "run exists").incr(fld.stat_field(name), 1))
+        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists").expect(fld.F_COMPACT, None, "not compacted")
+        write(self.store, batch.incr(fld.stat_field(name), 1))
 
     def _recover(self, snap: Snapshot, record: TaskRecord) -> Handled:
         """Do the reconciler's work at once: queue a replay of the lost execution (or give up)."""

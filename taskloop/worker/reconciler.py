@@ -68,6 +68,7 @@ class Report:
     redis_restarts: int = 0  # Redis restarted since the fleet's last pass (INFO run_id changed)
     resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
     orphans_restored: int = 0  # messages held by a worker that fell silent, given back to their queue
+    compacted: int = 0  # finished runs rewritten as one compact record (store/compacted.py)
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
@@ -100,6 +101,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         store.relist([(run_id, metas[run_id].workflow, metas[run_id].stored_status, metas[run_id].created)
                       for run_id in over if run_id in metas])
         report.forgotten += len(over)
+        report.compacted += _compact(store, [run_id for run_id in over if run_id in metas])
         for run_id, meta in metas.items():
             if meta.terminal:
                 continue
@@ -116,6 +118,17 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     metrics.reconciled(report)
     return report
+
+
+def _compact(store: RedisStore, run_ids: list[str]) -> int:
+    """Compact the finished runs just forgotten; a run that fails to compact stays as it was."""
+    done = 0
+    for run_id in run_ids:
+        try:
+            done += store.compact(run_id)
+        except TaskLoopError as exc:
+            log.warning("reconcile: run %s not compacted: %s", run_id, exc)
+    return done
 
 
 _NO_INFO: list[str] = []  # said once per process: INFO is refused, restarts are not looked for

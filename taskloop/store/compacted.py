@@ -1,0 +1,125 @@
+"""Finished runs, compacted: what a run holds in Redis once it is over.
+
+A live run is a hash of records, data and counters, a stream of events, an end marker and a lease
+set: about 7.4 KB for a 3-round loop, most of it the stream's and the hash's own structures. Once
+the run has ended (the reconciler forgets it, within a pass of its end: worker/reconciler.py),
+``compact`` rewrites it in one script call (store/lua/compact.lua):
+
+- the hash keeps only the run's meta fields (``fields.COMPACT_KEEP``: status, workflow, times, ...)
+  and the marker ``fields.F_COMPACT``: what the run lists, ``wait()`` and a repeated start read;
+- every other field but the live-only ones (the counters of open tasks, each task's execution,
+  prepared begin and throttle note) and every stream entry go into one compact record
+  (``tl:{R}:z``): compressed JSON;
+- the stream and the lease set are deleted, and everything keeps the run's remaining retention.
+
+The store's reads of a run (``hmget``, ``all_fields``, ``scan_fields``, ``events``, the UI's
+lists) look in the compact record when the hash has the marker, so ``inspect``, ``events``,
+``result``, ``wait``, the UI and fork see a compacted run as they saw it before. A write must not
+touch a compacted run: ``expand`` (store/lua/expand.lua) makes it live-shaped again first (resume).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from taskloop.core import fields as fld
+from taskloop.core.phases import TERMINAL_RUN
+from taskloop.store import keys as k
+from taskloop.store.calls import wrap
+
+FORMAT = b"1"  # the compact record's layout: "1" + base64 of zlib of JSON {"f": fields, "e": entries}
+TERMINAL = frozenset(status.value for status in TERMINAL_RUN)
+# Phrases that most compact records hold, for zlib to refer to (a preset dictionary: a small record
+# compresses better with one); changing it changes FORMAT.
+_ZDICT = (b'{"f":{"fmt":"2","t:":{"key":"","kind":"loop","limit":,"status":"done","phase":"complete",'
+          b'"round":,"token":,"attempts":,"execs":1,"queued_at":,"began_at":,"error":null},"c:":{"done":false,'
+          b'"feedback":"},"e":[["-0",{"e":"[{\\"t\\":\\"phase\\",\\"k\\":\\"\\",\\"r\\":1,\\"p\\":\\"attempt\\",'
+          b'\\"at\\":\\"d\\":{\\"exec\\":{\\"worker\\":\\"\\",\\"began\\":\\"execs\\":1,\\"attempt\\":\\"wait\\":'
+          b'\\"took\\":}}},{\\"t\\":\\"run.started\\",\\"check\\",\\"complete\\",\\"done\\":false,\\"feedback\\":'
+          b'\\"workflow\\":\\"version\\":\\"run.finished\\",\\"status\\":\\"done\\",\\"termination\\":null}]"}]]}')
+
+
+def encode(fields: dict[str, str], entries: Sequence[tuple[str, dict[str, str]]]) -> str:
+    """A compact record: the fields and stream entries of a run."""
+    raw = json.dumps({"f": fields, "e": [[entry_id, entry] for entry_id, entry in entries]},
+                     separators=(",", ":"), ensure_ascii=False).encode()
+    packer = zlib.compressobj(9, zdict=_ZDICT)
+    return (FORMAT + base64.b64encode(packer.compress(raw) + packer.flush())).decode()
+
+
+@dataclass(frozen=True)
+class Record:
+    """A compact record, read back."""
+
+    fields: dict[str, str]
+    entries: list[tuple[str, dict[str, str]]]
+
+
+def decode(text: str) -> Record:
+    if not text.startswith(FORMAT.decode()):
+        raise ValueError(f"not a compact record of layout {FORMAT.decode()}")
+    unpacker = zlib.decompressobj(zdict=_ZDICT)
+    data = json.loads(unpacker.decompress(base64.b64decode(text[len(FORMAT):])) + unpacker.flush())
+    return Record(dict(data["f"]), [(entry_id, dict(entry)) for entry_id, entry in data["e"]])
+
+
+def live_only(field: str) -> bool:
+    return field in fld.LIVE_ONLY or field.startswith(fld.LIVE_ONLY_PREFIXES)
+
+
+class Compacted:
+    """The store's side of compaction (a mixin of RedisStore: ``client``, ``url``, ``_call``)."""
+
+    client: Any
+    url: str
+
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any: ...
+
+    @wrap
+    def compact(self, run_id: str) -> bool:
+        """Compact a finished run (False: not finished, already compacted, or it changed meanwhile)."""
+        keys = k.RunKeys.of(run_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.run)
+        pipe.xrange(keys.events, "-", "+")
+        found, entries = pipe.execute()
+        status = found.get(fld.F_STATUS)
+        if status not in TERMINAL or fld.F_COMPACT in found:
+            return False
+        kept = {name: found[name] for name in fld.COMPACT_KEEP if name in found and name not in fld.LIVE_ONLY}
+        moved = {name: value for name, value in found.items() if name not in kept and not live_only(name)}
+        args: list[str | int | float] = [fld.F_STATUS, status, len(found), len(entries), encode(moved, entries),
+                                         fld.F_COMPACT, *(item for pair in kept.items() for item in pair)]
+        return bool(self._call("compact", keys.with_compact(), args))
+
+    @wrap
+    def expand(self, run_id: str) -> bool:
+        """Make a compacted run live-shaped again, before a write (False: it was not compacted)."""
+        keys = k.RunKeys.of(run_id)
+        record = self.compact_record(run_id)
+        if record is None:
+            return False
+        args: list[str | int | float] = [fld.F_COMPACT, len(record.fields),
+                                         *(item for pair in record.fields.items() for item in pair)]
+        for entry_id, entry in record.entries:
+            args += [entry_id, len(entry), *(item for pair in entry.items() for item in pair)]
+        return bool(self._call("expand", keys.with_compact(), args))
+
+    def compact_record(self, run_id: str) -> Record | None:
+        """The run's compact record (None: the run is not compacted)."""
+        text = self.client.get(k.RunKeys.of(run_id).compact)
+        return None if text is None else decode(text)
+
+    def compacted_fields(self, run_id: str) -> dict[str, str]:
+        """Every field of a compacted run: the meta fields its hash kept, and the rest."""
+        record = self.compact_record(run_id)
+        if record is None:
+            return {}
+        kept = self.client.hgetall(k.RunKeys.of(run_id).run)
+        kept.pop(fld.F_COMPACT, None)
+        return {**record.fields, **kept}
