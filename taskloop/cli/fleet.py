@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import json
-import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,8 +46,8 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
             raise click.UsageError("--metrics-port needs the supervisor (it sums the metrics of the worker's "
                                    "processes); drop --no-supervise")
         # before anything imports prometheus-client: every process writes to one directory, removed
-        # when the supervisor exits
-        atexit.register(shutil.rmtree, _metrics_dir(), True)
+        # when the supervisor exits (taskloop/worker/supervisor.py)
+        _metrics_dir()
     if imports:
         os.environ["TASKLOOP_IMPORTS"] = ",".join([*imports, *config.settings().imports])
         config.reset()
@@ -73,13 +70,13 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
         from taskloop.worker.app import run_worker
 
         sys.exit(run_worker(argv))
-    from taskloop.worker.supervisor import Supervisor, exit_code
+    from taskloop.worker.supervisor import command
 
-    logging.basicConfig(level=loglevel.upper(), filename=logfile,
-                        format="[%(asctime)s: %(levelname)s/Supervisor] %(message)s")
-    if metrics_port is not None:
-        _serve_worker_metrics(metrics_host, metrics_port)
-    sys.exit(exit_code(Supervisor(argv).run()))
+    # the supervisor takes this process's place (the same pid): a small process, without the CLI's imports
+    line = command(argv, loglevel, logfile, (metrics_host, metrics_port) if metrics_port is not None else None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(line[0], line)
 
 
 def default_node_name() -> str:
@@ -96,16 +93,6 @@ def _metrics_dir() -> str:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
     os.environ["TASKLOOP_METRICS"] = "1"
     return directory
-
-
-def _serve_worker_metrics(host: str, port: int) -> None:
-    from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    start_http_server(port, addr=host, registry=registry)
-    logging.getLogger("taskloop.supervisor").info("metrics on http://%s:%s/metrics", host, port)
 
 
 @click.command(name="metrics")
