@@ -49,6 +49,7 @@ from taskloop.runtime.client import TaskLoop
 from taskloop.ui import charts, pages, present
 from taskloop.ui.live import Streams, run_stream
 from taskloop.ui.present import FILTERS
+from taskloop.ui.rows import Rows
 from taskloop.ui.security import Credentials, Guard, Tokens, cross_site
 
 PAGE_SIZE = 50
@@ -76,11 +77,13 @@ class UI:
         html = self.fragment(name, self.user(request), **context)
         return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
 
-    def fragment(self, name: str, user: str, **context: Any) -> str:
-        """A template rendered for ``user`` (their action token goes into its forms)."""
-        return self.env.get_template(name).render(
-            read_only=self.read_only, user=user, csrf=self.tokens.token(user), auth=self.credentials is not None,
-            version=VERSION, **context)
+    def fragment(self, name: str, user: str, rows: dict[Any, Any] | None = None, **context: Any) -> str:
+        """A template rendered for ``user`` (their action token goes into its forms). ``rows``: the
+        rows a live page keeps between its renders (taskloop/ui/rows.py)."""
+        base = dict(read_only=self.read_only, user=user, csrf=self.tokens.token(user),
+                    auth=self.credentials is not None, version=VERSION, **context)
+        kept = Rows(self.env, base, rows)
+        return self.env.get_template(name).render(**base, round_row=kept.round_row, event_row=kept.event_row)
 
 
 def create_app(client: TaskLoop, *, read_only: bool = False, credentials: Credentials | None = None,
@@ -165,10 +168,11 @@ def live_endpoint(ui: UI) -> Callable[[Request], Any]:
         if not _entry_id(after):
             return PlainTextResponse("after must be a stream entry id (e.g. 1764460000000-0)\n", status_code=400)
         user = ui.user(request)
+        rows: dict[Any, Any] = {}  # what this page rendered and keeps: its finished rounds and its events
 
         def render() -> str:
             try:
-                return ui.fragment("_run_body.html", user, m=pages.run_model(ui.client, run_id), notice=None)
+                return ui.fragment("_run_body.html", user, rows, m=pages.run_model(ui.client, run_id), notice=None)
             except RunNotFound:
                 return ui.fragment("_gone.html", user, run_id=run_id)
 

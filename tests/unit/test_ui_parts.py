@@ -161,3 +161,33 @@ def test_only_a_loopback_address_may_go_without_auth() -> None:
             serve.check_exposure(host, None, False)
         serve.check_exposure(host, security.Credentials("a", "b"), False)
         serve.check_exposure(host, None, True)
+
+
+def test_a_live_page_renders_a_finished_round_and_an_event_once_and_a_round_going_on_every_time() -> None:
+    from types import SimpleNamespace
+
+    from taskloop.ui.rows import Rows
+
+    calls: list[str] = []
+
+    class Counted(Rows):
+        @property
+        def macros(self) -> object:
+            return SimpleNamespace(round_row=lambda t, rd: calls.append(f"r{rd.round}") or f"<tr>{rd.round}</tr>",
+                                   event_row=lambda e: calls.append(e.id) or f"<tr>{e.id}</tr>")
+
+    cache: dict = {}
+    task = SimpleNamespace(key="draft")
+    done, going = SimpleNamespace(round=1, check={"done": False}), SimpleNamespace(round=2, check=None)
+    event = Event(type="phase", at=1.0, id="1-0:0")
+    for _ in range(3):  # three renders of one live page
+        context = {"m": SimpleNamespace(terminal=False), "read_only": True, "user": "ann"}
+        rows = Counted(None, context, cache)  # type: ignore[arg-type]
+        assert rows.round_row(task, done) == "<tr>1</tr>" and rows.round_row(task, going) == "<tr>2</tr>"  # type: ignore[arg-type]
+        assert rows.event_row(event) == "<tr>1-0:0</tr>"
+    assert calls == ["r1", "r2", "1-0:0", "r2", "r2"]
+    # once the run has ended its rounds show fork forms: the page renders them again, once
+    rows = Counted(None, {"m": SimpleNamespace(terminal=True), "read_only": False, "user": "ann"}, cache)  # type: ignore[arg-type]
+    rows.round_row(task, done)  # type: ignore[arg-type]
+    rows.round_row(task, done)  # type: ignore[arg-type]
+    assert calls[-1] == "r1" and calls.count("r1") == 2
