@@ -137,9 +137,9 @@ class Model:
             return True
         if spec.kind == "rate" and not spec.tokens and any(m == member and t > now - spec.per_s
                                                            for t, _, m in self.uses):
-            self.uses = [(now, 1, m) if m == member else (t, n, m) for t, n, m in self.uses]
             self.queue.pop(member, None)
-            return True  # its start is in the window already (its message came twice)
+            self.sent.pop(member, None)
+            return True  # its start is in the window already (a wake reserved it, or its message came twice)
         room, _ = self._room(now)
         order = self._order()
         rank = order.index(member) if member in self.queue else None
@@ -176,6 +176,8 @@ class Model:
             if last is None or now - last >= RESENT_S:
                 picked.append(member)
                 self.sent[member] = now
+                if self.spec.kind == "rate" and not self.spec.tokens and not any(m == member for _, _, m in self.uses):
+                    self.uses.append((now, 1, member))  # its start counts now (limits.lua wake)
             room -= 1
         return picked
 

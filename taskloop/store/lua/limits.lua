@@ -21,7 +21,8 @@
 --     Returns {1, per limit: when its waiters may start (false: none wait, or a release wakes them)}
 --     or {0, index of that limit, retry at, used, allowed}.
 --   wake: the slot of holder ARGV[4] (if any) is released, and the oldest waiters the limits have
---     room for are picked to be sent again. Returns {members to send, per limit: when to look again
+--     room for are picked to be sent again; a rate limit in starts counts each picked waiter's start
+--     now (its acquire then finds it). Returns {members to send, per limit: when to look again
 --     (false: no one waits)}.
 --   renew: every slot of holder ARGV[4] expires at ARGV[5] now (the phase's lease was renewed).
 --   leave: the phase leaves the wait queues (it ended while it waited, or moved on).
@@ -128,7 +129,7 @@ if op == 'acquire' then
   for i, spec in ipairs(specs) do
     local cfg, use, wait, sent = keys_of(i)
     if spec.k == 'conc' then redis.call('ZADD', use, expiry, holder)
-    elseif spec.u ~= 'tokens' then redis.call('ZADD', use, now, member) end
+    elseif spec.u ~= 'tokens' then redis.call('ZADD', use, 'NX', now, member) end  -- a start a wake reserved keeps its time
     redis.call('ZREM', wait, member)
     redis.call('HDEL', sent, member)
     -- others still wait: look at them as soon as there is room again (at once when there is)
@@ -166,6 +167,9 @@ if op == 'wake' then
           table.insert(picked, m)
           sent_now = sent_now + 1
           redis.call('HSET', sent, m, string.format('%.6f', now))
+          -- a rate limit counts the start now, when the window has room for it, not when its
+          -- message has come back to a worker: the window's room is used as soon as it reopens
+          if spec.k ~= 'conc' and spec.u ~= 'tokens' then redis.call('ZADD', use, 'NX', now, m) end
         else
           on_the_way = true
         end
