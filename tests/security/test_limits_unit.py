@@ -24,7 +24,6 @@ from taskloop.store.redis_store import RedisStore
 from taskloop.worker import cache as caching
 from taskloop.worker import recovery
 from taskloop.worker.callbacks import Usage, call_phase, error_record
-from taskloop.worker.executor import Executor
 
 MIB = 1_048_576
 CAPS = limits.Caps()  # the defaults
@@ -263,11 +262,12 @@ class Leases:
     def lease_of(self, run_id: str, key: str) -> float | None:
         return self.expiry
 
+    def workers_seen(self) -> dict[str, str]:
+        return {}
 
-def _executor(expiry: float | None) -> Executor:
-    executor = Executor.__new__(Executor)
-    executor.store = cast(RedisStore, Leases(expiry))
-    return executor
+
+def _lost(expiry: float | None, record: TaskRecord) -> bool:
+    return recovery.execution_lost(cast(RedisStore, Leases(expiry)), "r1", record)
 
 
 def test_an_expired_lease_means_lost_without_looking_at_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,7 +276,7 @@ def test_an_expired_lease_means_lost_without_looking_at_the_process(monkeypatch:
 
     monkeypatch.setattr(recovery, "worker_is_dead", never)
     record = _running(worker="w@host/1")
-    assert _executor(time.time() - 1)._lost(Snapshot("r1", {}), record) is True
+    assert _lost(time.time() - 1, record) is True
 
 
 def test_a_live_lease_looks_at_the_process_once_and_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,5 +288,5 @@ def test_a_live_lease_looks_at_the_process_once_and_never_waits(monkeypatch: pyt
 
     monkeypatch.setattr(recovery, "worker_is_dead", looked)
     record = _running(worker="w@host/1")
-    assert _executor(time.time() + 30)._lost(Snapshot("r1", {}), record) is False
+    assert _lost(time.time() + 30, record) is False
     assert waits == [0.0]
