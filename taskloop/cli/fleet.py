@@ -169,6 +169,7 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     from taskloop.runtime.celery_app import PhaseSender, make_app
     from taskloop.store.redis_store import RedisStore
+    from taskloop.worker.census import Census
     from taskloop.worker.orphans import restore_orphans
     from taskloop.worker.reconciler import reconcile
 
@@ -181,12 +182,15 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     def restore() -> int:
         return restore_orphans(app, store)
 
+    census = Census(app, store, settings, send)
+
     if every is None:
-        click.echo(str(reconcile(store, settings, send, restore=restore)))  # one pass: its error is the command's
+        # one pass: its error is the command's
+        click.echo(str(reconcile(store, settings, send, restore=restore, census=census)))
         return
     while True:  # a sidecar keeps going through Redis outages and refusals, as the worker thread does
         try:
-            click.echo(str(reconcile(store, settings, send, restore=restore)))
+            click.echo(str(reconcile(store, settings, send, restore=restore, census=census)))
         except TaskLoopError as exc:
             click.echo(f"reconcile pass failed: {exc}; next pass in {every:g} s", err=True)
         time.sleep(every)

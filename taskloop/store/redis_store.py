@@ -154,6 +154,15 @@ class RedisStore(Compacted, Indexes, Limits):
         return [(member, float(score)) for member, score in rows]
 
     @wrap
+    def leases_of_runs(self, run_ids: Sequence[str], until: float, limit: int = 100) -> list[list[str]]:
+        """For each run, the task keys whose lease expires by ``until`` (one pipelined read; a
+        census of many runs, worker/census.py)."""
+        pipe = self.client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.zrangebyscore(k.RunKeys.of(run_id).leases, "-inf", until, start=0, num=limit)
+        return [list(found) for found in pipe.execute()]
+
+    @wrap
     def lease_of(self, run_id: str, key: str) -> float | None:
         score = self.client.zscore(k.RunKeys.of(run_id).leases, key)
         return None if score is None else float(score)

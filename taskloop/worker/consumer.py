@@ -22,7 +22,7 @@ from celery.worker import state as worker_state
 from taskloop.base.text import shown
 from taskloop.celery_fixes.consumer import Consumer as FixedConsumer
 from taskloop.ops import metrics
-from taskloop.worker import outage
+from taskloop.worker import census, outage
 
 log = logging.getLogger("taskloop.consumer")
 
@@ -55,4 +55,5 @@ class Consumer(FixedConsumer):
             log.warning("broker connection lost holding %d prefetched phase(s); they are sent again once Redis "
                         "is back", len(lost))
             outage.LOST.note(lost)
+        census.WANTED.set()  # a message Redis popped for this connection may be lost: count them (census.py)
         super().on_connection_error_after_connected(exc)

@@ -130,11 +130,11 @@ def redispatch(store: RedisStore, settings: Settings, send: Sender, run_id: str,
         return False
     if sent_before is not None and (record.queued_at or 0.0) >= sent_before:
         return False
-    workflow = _workflow(snap)
+    workflow = workflow_of(snap)
     return workflow is not None and _commit_redispatch(store, settings, send, workflow, snap, record)
 
 
-def _workflow(snap: Snapshot) -> Workflow | None:
+def workflow_of(snap: Snapshot) -> Workflow | None:
     try:
         return REGISTRY.get(snap.get(fld.F_WORKFLOW) or "", snap.get(fld.F_VERSION) or None)
     except TaskLoopError:
@@ -205,7 +205,7 @@ def _sweep_phase(store: RedisStore, settings: Settings, send: Sender, run_id: st
     if record.state in QUEUED_STATES:
         swept.resent += redispatch(store, settings, send, run_id, key, sent_before=sent_before)
     elif record.state in RUNNING_STATES and recovery.worker_is_dead(record.worker):
-        workflow = _workflow(snap)
+        workflow = workflow_of(snap)
         if workflow is None:
             return
         raw = snap.raw_record(key)

@@ -46,7 +46,9 @@ from taskloop.runtime.commit import Sender, commit, write
 from taskloop.runtime.gates import settle_gates
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
+from taskloop.worker import census as census_module
 from taskloop.worker import outage, recovery
+from taskloop.worker.census import Census
 
 log = logging.getLogger("taskloop.reconciler")
 
@@ -69,6 +71,7 @@ class Report:
     resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
     orphans_restored: int = 0  # messages held by a worker that fell silent, given back to their queue
     compacted: int = 0  # finished runs rewritten as one compact record (store/compacted.py)
+    census_resent: int = 0  # queued phases whose message was lost in the broker, sent again (worker/census.py)
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
@@ -78,9 +81,12 @@ Restore = Callable[[], int]  # gives the messages of silent workers back to thei
 
 
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
-              limit: int = 500, batches: int = 20, restore: Restore | None = None) -> Report:
+              limit: int = 500, batches: int = 20, restore: Restore | None = None,
+              census: Census | None = None) -> Report:
     """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times),
-    after giving back the messages that workers gone silent held (``restore``)."""
+    after giving back the messages that workers gone silent held (``restore``) and, when one did
+    or every CENSUS_S seconds, sending again the phases whose message was lost in the broker
+    (``census``)."""
     now = clock.now() if now is None else now
     report = Report()
     _after_restart(store, settings, send, report)
@@ -90,6 +96,11 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         except Exception as exc:  # the broker may be away or refuse this user: the pass goes on
             log.warning("reconcile: the messages of silent workers were not looked at: %s: %s",
                         type(exc).__name__, exc)
+    if census is not None and (report.orphans_restored or census.due(now)):
+        try:
+            report.census_resent = census.run(now)
+        except Exception as exc:  # as above: the next pass tries again
+            log.warning("reconcile: no census of lost messages: %s: %s", type(exc).__name__, exc)
     for _ in range(batches):
         due = store.due_runs(now, limit)
         rows = store.run_metas(due)
@@ -113,7 +124,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         if len(due) < limit:
             break
     store.trim_runs_index(now - settings.retention_s)
-    if report.examined or report.gates_cancelled or report.orphans_restored:
+    if report.examined or report.gates_cancelled or report.orphans_restored or report.census_resent:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     metrics.reconciled(report)
@@ -238,18 +249,33 @@ class ReconcilerThread:
     lets one worker of the fleet do each pass (any other reconciler stays safe regardless)."""
 
     def __init__(self, store: RedisStore, settings: Settings, send: Sender, interval: float,
-                 restore: Restore | None = None) -> None:
+                 restore: Restore | None = None, census: Census | None = None) -> None:
         self.store = store
         self.settings = settings
         self.send = send
         self.interval = interval
         self.restore = restore
+        self.census = census
         self.token = f"{socket.gethostname()}/{os.getpid()}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="taskloop-reconciler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def _census_after_a_lost_connection(self) -> None:
+        """This worker's broker connection died: a message Redis popped for it may be lost (worker/
+        census.py). Once such a message is old enough to be counted (MARGIN_S), take a census, outside
+        the fleet's pass lock (a census is safe to run anywhere at once); again until it succeeds."""
+        if self.census is None or not census_module.WANTED.is_set():
+            return
+        if time.monotonic() - census_module.WANTED.since < census_module.MARGIN_S:
+            return
+        try:
+            self.census.run()
+            census_module.WANTED.clear()
+        except Exception as exc:  # Redis still away: the next turn of the loop tries again
+            log.info("census after a lost broker connection not taken yet: %s: %s", type(exc).__name__, exc)
 
     def stop(self) -> None:
         """Called on worker shutdown: the current pass finishes, no new one starts."""
@@ -268,6 +294,7 @@ class ReconcilerThread:
                     log.exception("re-sending lost phase messages failed")
                 if outage.LOST.noted.is_set():
                     self._stop.wait(LOST_RETRY_S)  # Redis is still away: try again shortly
+            self._census_after_a_lost_connection()
             if time.monotonic() < next_pass:
                 continue
             next_pass = time.monotonic() + self.interval
@@ -275,6 +302,6 @@ class ReconcilerThread:
                 acquired = self.store.client.set(k.RECONCILER_LOCK, self.token, nx=True,
                                                  px=max(int(self.interval * 900), 1))
                 if acquired:
-                    reconcile(self.store, self.settings, self.send, restore=self.restore)
+                    reconcile(self.store, self.settings, self.send, restore=self.restore, census=self.census)
             except Exception:  # keep reconciling whatever happens (Redis away, ...)
                 log.exception("reconcile pass failed")

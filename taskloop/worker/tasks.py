@@ -24,6 +24,7 @@ from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import executor as executor_module
 from taskloop.worker import messages, replies, starter
+from taskloop.worker.census import Census
 from taskloop.worker.executor import Executor, Result
 from taskloop.worker.limiter import Drainer
 from taskloop.worker.logs import one_line_logs
@@ -123,12 +124,20 @@ def register(app: Celery) -> None:
         worker = executor(app, self.request.hostname or "worker")
         return starter.handle_settle(worker, message.run_id)
 
+    censuses: list[Census] = []
+
+    def beat_census(worker: Executor) -> Census:
+        """The census of the pool process that runs the beat's reconcile tasks (one per process)."""
+        if not censuses or censuses[0].store is not worker.store:
+            censuses[:] = [Census(app, worker.store, worker.settings, worker.send)]
+        return censuses[0]
+
     @app.task(name="taskloop.reconcile", ignore_result=True)
     def reconcile_task() -> str:
         """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
         worker = executor(app, "beat")
         return str(reconcile(worker.store, worker.settings, worker.send,
-                             restore=lambda: restore_orphans(app, worker.store)))
+                             restore=lambda: restore_orphans(app, worker.store), census=beat_census(worker)))
 
     # a message Celery's own handler chokes on is dropped, never fatal (taskloop/worker/consumer.py)
     app.conf.worker_consumer = "taskloop.worker.consumer:Consumer"
@@ -153,8 +162,10 @@ def register(app: Celery) -> None:
         if config.reconcile_interval_s <= 0:
             return
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
-        thread = ReconcilerThread(store, config, taskloop_app.PhaseSender(app, config.redis_url),
-                                  config.reconcile_interval_s, restore=lambda: restore_orphans(app, store))
+        sender = taskloop_app.PhaseSender(app, config.redis_url)
+        thread = ReconcilerThread(store, config, sender, config.reconcile_interval_s,
+                                  restore=lambda: restore_orphans(app, store),
+                                  census=Census(app, store, config, sender))
         thread.start()
         threads.append(thread)
 

@@ -82,3 +82,26 @@ def test_the_task_id_of_an_unacked_entry() -> None:
     assert message_id(json.dumps([payload, "", "taskloop"]).encode()) == "abc"
     for broken in ("not json", json.dumps([]), json.dumps([{"headers": {}}]), json.dumps([{"headers": {"id": 3}}])):
         assert message_id(broken) is None
+
+
+def test_the_census_reads_phase_and_dispatch_messages_and_nothing_else() -> None:
+    import base64
+
+    from taskloop.worker.census import read_message
+
+    def message(task: str, args: list, encoded: bool = True) -> str:
+        body = json.dumps([args, {}, {}])
+        payload = {"body": base64.b64encode(body.encode()).decode() if encoded else body,
+                   "headers": {"id": "x", "task": task},
+                   "properties": {"body_encoding": "base64"} if encoded else {}}
+        return json.dumps([payload, "", "taskloop"])
+
+    found = read_message(message("taskloop.check", ["r1", "draft", 2, 7]))
+    assert found is not None and (found.run_id, found.key, found.token) == ("r1", "draft", 7)
+    assert read_message(json.loads(message("taskloop.run", ["r1", "k", 1, 3]))[0] and
+                        json.dumps(json.loads(message("taskloop.run", ["r1", "k", 1, 3]))[0])) is not None
+    fanout = read_message(message("taskloop.dispatch", ["r2", ["a", "b"]]))
+    assert fanout is not None and fanout.run_id == "r2" and fanout.keys == ("a", "b") and fanout.key is None
+    for other in (message("celery.chain", ["r1", "k", 1, 3]), message("taskloop.check", ["r1", "k", 1, "3"]),
+                  message("taskloop.check", ["r1", "k"]), "not json", json.dumps([{"headers": {}}])):
+        assert read_message(other) is None
