@@ -1,4 +1,4 @@
-"""The chaos soak, CI size: 100 faults of every kind against a steady stream of runs, then the
+"""The chaos soak, CI size: 60 faults of every kind against a steady stream of runs, then the
 offline checker (tests/faults/soak.py). The 1,000-fault version is the command line:
 
     python -m tests.faults.soak --faults 1000 --seed 7 --report /tmp/soak-1000.md
@@ -20,7 +20,7 @@ from tests.faults.injectors import KINDS, PROXY_KINDS
 from tests.faults.soak import soak
 
 SEED = int(os.environ.get("TASKLOOP_FAULT_SEED", "0")) or int(time.time()) % 100_000
-FAULTS = 100
+FAULTS = 60
 # At the shipped defaults, like every fault test. The network faults (black hole, latency, RST) are
 # left out of this CI soak: they are covered at the defaults by tests/faults/test_proxy_faults.py,
 # and in the full soak (python -m tests.faults.soak).
