@@ -61,8 +61,11 @@ def run_view(store: RedisStore, run_id: str) -> RunView:
     return run_view_and_events(store, run_id)[0]
 
 
-def run_view_and_events(store: RedisStore, run_id: str) -> tuple[RunView, list[Event]]:
-    """``run_view``, and the events it was built from (the UI shows both; one read of each)."""
+def run_view_and_events(store: RedisStore, run_id: str,
+                        known: list[Event] | None = None) -> tuple[RunView, list[Event]]:
+    """``run_view``, and the events it was built from (the UI shows both; one read of each).
+    ``known``: the events a caller read before (a live page): only the later ones are read, and
+    the list is extended with them."""
     names.check_run_id(run_id)
     fields: dict[str, str | None] = dict(store.all_fields(run_id))
     if not fields:
@@ -70,7 +73,11 @@ def run_view_and_events(store: RedisStore, run_id: str) -> tuple[RunView, list[E
     snap = Snapshot(run_id, fields)
     meta = snap.meta()
     tasks = _records(snap)
-    events = store.events(run_id)
+    if known is None:
+        events = store.events(run_id)
+    else:
+        known += store.events(run_id, after=known[-1].id) if known and known[-1].id else store.events(run_id)
+        events = known
     execs = executions(events)
     ordered = sorted(tasks.values(), key=lambda r: (r.started_at is None, r.started_at or 0.0, r.key))
     copied = _json(fields.get(fld.F_COPIED))

@@ -157,11 +157,11 @@ class Indexes:
         pipe = self.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hscan(k.RunKeys.of(run_id).run, 0, match=f"{fld.TASK_PREFIX}*", count=per_run)
-            pipe.hexists(k.RunKeys.of(run_id).run, fld.F_COMPACT)
+            pipe.hmget(k.RunKeys.of(run_id).run, [fld.F_COMPACT])
         replies = pipe.execute()
         found: list[list[str]] = []
-        for run_id, (_, records), compacted in zip(run_ids, replies[::2], replies[1::2], strict=True):
-            if compacted:  # a compacted run's records are in its compact record (store/compacted.py)
+        for run_id, (_, records), (compacted,) in zip(run_ids, replies[::2], replies[1::2], strict=True):
+            if compacted is not None:  # a compacted run's records are in its compact record (store/compacted.py)
                 records = {name: value for name, value in self.compacted_fields(run_id).items()
                            if name.startswith(fld.TASK_PREFIX)}
             found.append(list(records.values())[:per_run])

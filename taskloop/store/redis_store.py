@@ -123,7 +123,7 @@ class RedisStore(Compacted, Indexes, Limits):
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
         """Every field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
         run = k.RunKeys.of(run_id).run
-        if self.client.hexists(run, fld.F_COMPACT):
+        if self.client.hmget(run, [fld.F_COMPACT])[0] is not None:
             return {name: value for name, value in self.compacted_fields(run_id).items() if name.startswith(prefix)}
         return dict(self.client.hscan_iter(run, match=f"{prefix}*", count=1000))
 
@@ -187,7 +187,7 @@ class RedisStore(Compacted, Indexes, Limits):
     def _compacted_entries(self, run_id: str, after: str | None = None,
                            inclusive: bool = False) -> list[tuple[str, dict[str, str]]]:
         """The stream entries of a compacted run (after entry ``after``); none for any other run."""
-        if not self.client.hexists(k.RunKeys.of(run_id).run, fld.F_COMPACT):
+        if self.client.hmget(k.RunKeys.of(run_id).run, [fld.F_COMPACT])[0] is None:
             return []
         record = self.compact_record(run_id)
         entries = record.entries if record is not None else []

@@ -45,6 +45,7 @@ from taskloop.base.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.base.text import page_text
+from taskloop.core.events import Event
 from taskloop.runtime.client import TaskLoop
 from taskloop.ui import charts, pages, present
 from taskloop.ui.live import Streams, run_stream
@@ -169,10 +170,12 @@ def live_endpoint(ui: UI) -> Callable[[Request], Any]:
             return PlainTextResponse("after must be a stream entry id (e.g. 1764460000000-0)\n", status_code=400)
         user = ui.user(request)
         rows: dict[Any, Any] = {}  # what this page rendered and keeps: its finished rounds and its events
+        known: list[Event] = []  # the run's events read so far: each render reads the later ones
 
         def render() -> str:
             try:
-                return ui.fragment("_run_body.html", user, rows, m=pages.run_model(ui.client, run_id), notice=None)
+                return ui.fragment("_run_body.html", user, rows, m=pages.run_model(ui.client, run_id, known),
+                                   notice=None)
             except RunNotFound:
                 return ui.fragment("_gone.html", user, run_id=run_id)
 

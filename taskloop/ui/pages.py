@@ -86,9 +86,10 @@ class RunModel:
         return bool(self.shape and self.shape.get("graph")) or bool(self.activations)
 
 
-def run_model(client: TaskLoop, run_id: str) -> RunModel:
+def run_model(client: TaskLoop, run_id: str, known: list[Event] | None = None) -> RunModel:
+    """A run page's model. ``known``: the events a live page read before (only later ones are read)."""
     started = time.perf_counter()
-    run, events = views.run_view_and_events(client.store, run_id)
+    run, events = views.run_view_and_events(client.store, run_id, known)
     shape = shapes.read(client.store, run.fingerprint)
     described = {t["key"]: t for t in (shape or {}).get("tasks", [])}
     states = {key: TaskState(status=t.status, kind=t.kind, round=t.round,

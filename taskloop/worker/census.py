@@ -134,7 +134,7 @@ class Census:
                 cutoffs = {queue: tail - MARGIN_S for queue, tail in dated.items() if tail is not None}
                 if not cutoffs:
                     return 0
-                taken = [read_message(raw) for raw in broker.hvals(channel.qos.unacked_key)]
+                taken = [read_message(raw) for raw in broker.hgetall(channel.qos.unacked_key).values()]
         held: set[tuple[str, str | None, int | None]] = {(m.run_id, m.key, m.token) for m in taken
                                                            if m is not None and m.key is not None}
         covered = {m.run_id for m in taken if m is not None and m.task == DISPATCH_TASK}

@@ -11,7 +11,7 @@
 -- caller. Returns 1 (expanded) or 0 (not compacted: nothing written).
 
 local run, events, compact = KEYS[1], KEYS[2], KEYS[5]
-if redis.call('HEXISTS', run, ARGV[1]) == 0 then return 0 end
+if not redis.call('HGET', run, ARGV[1]) then return 0 end
 local ttl = redis.call('PTTL', run)
 redis.call('HDEL', run, ARGV[1])
 local n = tonumber(ARGV[2])
