@@ -108,6 +108,11 @@ class Model:
     held: dict[str, float] = field(default_factory=dict)
     queue: dict[str, float] = field(default_factory=dict)
     sent: dict[str, float] = field(default_factory=dict)  # waiters a wake picked -> when
+    clock: float = 0.0  # the latest time a call gave: time only moves forward within a limit
+
+    def _now(self, now: float) -> float:
+        self.clock = max(self.clock, now)
+        return self.clock
 
     def _room(self, now: float) -> tuple[float, float | None]:
         spec = self.spec
@@ -130,6 +135,7 @@ class Model:
         return spec.rate - used, again
 
     def acquire(self, now: float, member: str, holder: str, expiry: float) -> bool:
+        now = self._now(now)
         spec = self.spec
         if spec.kind == "conc" and self.held.get(holder, now - 1) >= now:
             self.held[holder] = expiry  # its replay: the slot is its own, until the new lease
@@ -162,6 +168,7 @@ class Model:
 
     def wake(self, now: float, holder: str = "") -> list[str]:
         """Release ``holder``'s slot and pick the oldest waiters there is room for (limits.lua wake)."""
+        now = self._now(now)
         if self.spec.kind == "conc" and holder:
             self.held.pop(holder, None)
         room, _ = self._room(now)
@@ -182,6 +189,7 @@ class Model:
         return picked
 
     def report(self, now: float, tokens: int, member: str = "") -> None:
+        now = self._now(now)
         if tokens > 0:  # limits.lua keeps one entry per report ("<member>|<tokens>": the same one again moves it)
             entry = f"{member}|{tokens}"
             self.uses = [use for use in self.uses if use[2] != entry] + [(now, tokens, entry)]

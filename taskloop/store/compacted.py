@@ -10,7 +10,8 @@ the run has ended (the reconciler forgets it, within a pass of its end: worker/r
 - every other field but the live-only ones (the counters of open tasks, each task's execution,
   prepared begin and throttle note) and every stream entry go into one compact record
   (``tl:{R}:z``): compressed JSON;
-- the stream and the lease set are deleted, and everything keeps the run's remaining retention.
+- the stream, the end marker and the lease set are deleted, and the rest keeps the run's remaining
+  retention (``wait()`` reads a run's status before it blocks on the end marker).
 
 The store's reads of a run (``hmget``, ``all_fields``, ``scan_fields``, ``events``, the UI's
 lists) look in the compact record when the hash has the marker, so ``inspect``, ``events``,

@@ -28,7 +28,7 @@ from taskloop.store.redis_store import RedisStore
 
 BLOCK_S = 5.0  # one parked read; also the keep-alive interval
 COALESCE_S = 0.25
-MIN_INTERVAL_S = 0.75
+MIN_INTERVAL_S = 1.0
 FULL_RETRY_MS = 10_000
 
 

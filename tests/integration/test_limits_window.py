@@ -65,3 +65,25 @@ def test_the_script_admits_what_the_model_admits(store: RedisStore, spec: Spec, 
             model.report(now, amount, member)
             store.count_tokens([spec], member, amount, now)
     _clear(store, spec.name, spec.value)
+
+
+def test_a_call_with_an_earlier_clock_cannot_overfill_a_window(store: RedisStore) -> None:
+    """A worker that read its clock before a round trip (or whose host's clock is behind) acts at the
+    latest time the limit has seen: its start cannot land in a window that a later call pruned."""
+    spec = Spec("rate", "clock-skew", rate=2, per_s=1.0)
+    _clear(store, spec.name, spec.value)
+    use = k.LimitKeys.of(spec.name, spec.value).use
+    t = 2_000_000.0
+    admitted: dict[str, float] = {}
+    # two starts at t and t + 0.02; a call at t + 1.03 prunes both and starts; then a call whose
+    # clock still reads t + 0.99 asks
+    for who, at in (("m0", t), ("m1", t + 0.02), ("a", t + 1.03), ("b", t + 0.99)):
+        member = Waiter(who, "t", "run", 1, 1, "wf").member()
+        if store.acquire([spec], member, f"{who}|t", at + 5, at).admitted:
+            admitted[who] = float(store.client.zscore(use, member) or 0.0)
+    assert set(admitted) == {"m0", "m1", "a", "b"}
+    # the late call's start counts at t + 1.03, not at t + 0.99, where (t - 0.01, t + 0.99] held two
+    assert admitted["b"] == admitted["a"] == t + 1.03
+    starts = sorted(admitted.values())
+    assert all(sum(1 for x in starts if s - 1.0 < x <= s) <= 2 for s in starts), admitted
+    _clear(store, spec.name, spec.value)

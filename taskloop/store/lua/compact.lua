@@ -9,8 +9,9 @@
 -- The run must still be exactly as the caller read it: the same terminal status, as many hash
 -- fields and stream entries, and no lease left; otherwise nothing is written. Then, atomically: the
 -- hash is rewritten with only the fields kept and the marker, the compact record is stored, the
--- stream and the lease set are deleted, and every key keeps the run's remaining retention (the end
--- marker stays: a waiter may block on it). Every field and key name comes from the caller.
+-- stream, the end marker and the lease set are deleted, and both keys keep the run's remaining
+-- retention. (A waiter that blocked on the end marker woke when it was pushed; one that comes later
+-- reads the run's status first.) Every field and key name comes from the caller.
 -- Returns 1 (compacted) or 0 (the run changed, or is not as read: nothing written).
 
 local run, events, endlist, leases, compact = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -19,10 +20,10 @@ if redis.call('HLEN', run) ~= tonumber(ARGV[3]) then return 0 end
 if redis.call('XLEN', events) ~= tonumber(ARGV[4]) then return 0 end
 if redis.call('EXISTS', leases) == 1 then return 0 end
 local ttl = redis.call('PTTL', run)
-redis.call('DEL', run, events)
+redis.call('DEL', run, events, endlist)
 redis.call('HSET', run, ARGV[6], '1', unpack(ARGV, 7))
 redis.call('SET', compact, ARGV[5])
 if ttl > 0 then
-  for _, key in ipairs({run, compact, endlist}) do redis.call('PEXPIRE', key, ttl) end
+  for _, key in ipairs({run, compact}) do redis.call('PEXPIRE', key, ttl) end
 end
 return 1

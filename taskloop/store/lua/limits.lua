@@ -34,6 +34,16 @@ local expiry = tonumber(ARGV[5])
 local specs = cjson.decode(ARGV[6])
 local globals = #KEYS > 6 * #specs
 local due_key, names_key = KEYS[6 * #specs + 1], KEYS[6 * #specs + 2]
+
+-- Time only moves forward within a limit: a caller whose clock reads earlier than the last call's
+-- (it read its clock before a round trip, or its host's clock is behind) acts at that last time.
+-- Otherwise its call could add a start against a window that a later-timed call has already
+-- pruned, and a window could hold more than its rate. The time is kept in each limit's meta hash.
+for i, _ in ipairs(specs) do
+  local last = tonumber(redis.call('HGET', KEYS[6 * (i - 1) + 5], 'clock'))
+  if last and last > now then now = last end
+end
+for i, _ in ipairs(specs) do redis.call('HSET', KEYS[6 * (i - 1) + 5], 'clock', string.format('%.6f', now)) end
 local RESENT_S = 5    -- a waiter sent again less than this long ago is on its way: not sent twice
 local GONE_S = 120    -- a waiter sent again this long ago that never came back is gone (ended elsewhere)
 
