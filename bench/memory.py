@@ -164,9 +164,12 @@ class Bench:
         seconds = time.perf_counter() - started
         ended = settle(self.r)
         ended_sizes = key_sizes(self.r, ids)
+        inspect_live = self.inspect_ms(ids)
         took = self.compact_all()
         after = settle(self.r)
         per_run = (after - before) / n
+        inspect_compacted = self.inspect_ms(ids)
+        fork = self.fork_ms(workflow, ids)
         return {"workflow": name, "runs": n, "tasks per run": tasks, "seconds": round(seconds, 1),
                 "as ended: used_memory delta per run bytes": round((ended - before) / n),
                 **{f"as ended: {label}": value for label, value in ended_sizes.items()},
@@ -174,8 +177,32 @@ class Bench:
                 "compacted: per task bytes": round(per_run / tasks),
                 **{f"compacted: {label}": value for label, value in key_sizes(self.r, ids).items()},
                 "compaction pass seconds": round(took, 2),
+                "inspect ms, as ended": inspect_live, "inspect ms, compacted": inspect_compacted,
+                **({"fork ms, compacted": fork} if fork is not None else {}),
                 "tl:runs bytes per entry": round(int(self.r.memory_usage("tl:runs", samples=0) or 0)
                                                  / max(int(self.r.zcard("tl:runs")), 1))}
+
+    def inspect_ms(self, ids: list[str]) -> float:
+        """The median time of ``client.inspect`` on a sample of the runs."""
+        assert self.client is not None
+        times = []
+        for run_id in ids[:SAMPLE]:
+            started = time.perf_counter()
+            self.client.inspect(run_id)
+            times.append((time.perf_counter() - started) * 1000)
+        return round(statistics.median(times), 2)
+
+    def fork_ms(self, workflow: tl.Workflow, ids: list[str]) -> float | None:
+        """The median time of ``client.fork`` (the new run's one write) of a compacted loop at round 2."""
+        if workflow is not loop3:
+            return None
+        assert self.client is not None
+        times = []
+        for run_id in ids[:20]:
+            started = time.perf_counter()
+            self.client.fork(run_id, "refine", 2)
+            times.append((time.perf_counter() - started) * 1000)
+        return round(statistics.median(times), 2)
 
     def compact_all(self) -> float:
         """One reconcile pass that finds every finished run due (as the workers' passes do within a

@@ -12,7 +12,7 @@ from taskloop.base import clock, names
 from taskloop.base.errors import RunTimeout, StoreUnavailable
 from taskloop.core import events as ev
 from taskloop.core.events import Observer, notify
-from taskloop.core.phases import TERMINAL_RUN, RunStatus
+from taskloop.core.phases import TERMINAL_RUN
 from taskloop.runtime.models import RunResult
 
 if TYPE_CHECKING:
@@ -57,7 +57,9 @@ def wait(client: TaskLoop, run_id: str, timeout: float | None = None, on_event: 
          known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
     """Block until the run ends and return its result. Without observers it blocks on the run's
     end marker (one wake-up); with observers it reads every event as it is appended.
-    ``known``: the run is known to exist (a handle from start), skip looking it up first.
+    ``known``: the run is known to exist (a handle from start). Its status is read first all the
+    same: a run that has ended may be compacted already, and a compacted run has no end marker to
+    block on (taskloop/store/compacted.py).
 
     A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
     (``on_notice`` hears about it); the wait keeps its place in the event stream."""
@@ -65,7 +67,7 @@ def wait(client: TaskLoop, run_id: str, timeout: float | None = None, on_event: 
     deadline = None if timeout is None else clock.now() + timeout
     notice = on_notice or (lambda message: log.warning("%s", message))
     outage = Outage(client.settings.wait_outage_s, notice)
-    status: str | None = RunStatus.RUNNING.value if known else None
+    status: str | None = None
     while status is None:
         try:
             status = client._meta(run_id).stored_status

@@ -57,6 +57,9 @@ def test_a_finished_run_is_compacted_and_reads_the_same(client, probe) -> None:
     assert client.result(run_id) == before[2]
     assert client.events(run_id, after=before[1][2].id) == before[1][3:]
     assert client.wait(run_id, timeout=5) == before[2]
+    waited = time.monotonic()
+    assert handle.wait(timeout=30) == before[2]  # a handle knows its run: it still reads the status first
+    assert time.monotonic() - waited < 1.0  # (a compacted run has no end marker to block on)
     heard: list[tl.Event] = []
     assert client.wait(run_id, timeout=5, on_event=heard.append).status == "done"
     assert [e.id for e in heard] == [e.id for e in before[1]]
