@@ -30,6 +30,9 @@ class Indexes:
     def compacted_fields(self, run_id: str) -> dict[str, str]:
         raise NotImplementedError  # RedisStore has it from store/compacted.py
 
+    def compact_records(self, run_ids: Sequence[str]) -> list[Any]:
+        raise NotImplementedError  # RedisStore has it from store/compacted.py
+
     # fleet counters and indexes (outside the run scripts: a run keeps to one slot) -------------
     @wrap
     def incr_stat(self, name: str, amount: int = 1) -> None:
@@ -159,11 +162,16 @@ class Indexes:
             pipe.hscan(k.RunKeys.of(run_id).run, 0, match=f"{fld.TASK_PREFIX}*", count=per_run)
             pipe.hmget(k.RunKeys.of(run_id).run, [fld.F_COMPACT])
         replies = pipe.execute()
+        # a compacted run's records are in its compact record (store/compacted.py): all of a page's
+        # in one more round trip
+        compacted = [run_id for run_id, (marker,) in zip(run_ids, replies[1::2], strict=True) if marker is not None]
+        moved = dict(zip(compacted, self.compact_records(compacted), strict=True))
         found: list[list[str]] = []
-        for run_id, (_, records), (compacted,) in zip(run_ids, replies[::2], replies[1::2], strict=True):
-            if compacted is not None:  # a compacted run's records are in its compact record (store/compacted.py)
-                records = {name: value for name, value in self.compacted_fields(run_id).items()
-                           if name.startswith(fld.TASK_PREFIX)}
+        for run_id, (_, records) in zip(run_ids, replies[::2], strict=True):
+            if run_id in moved:
+                record = moved[run_id]
+                records = {} if record is None else {name: value for name, value in record.fields.items()
+                                                     if name.startswith(fld.TASK_PREFIX)}
             found.append(list(records.values())[:per_run])
         return found
 
