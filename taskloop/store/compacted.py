@@ -1,15 +1,16 @@
 """Finished runs, compacted: what a run holds in Redis once it is over.
 
 A live run is a hash of records, data and counters, a stream of events, an end marker and a lease
-set: about 7.4 KB for a 3-round loop, most of it the stream's and the hash's own structures. Once
+set: about 7.4 KB for a 3-round loop (1.8 KB once compacted), most of it the stream's and the
+hash's own structures. Once
 the run has ended (the reconciler forgets it, within a pass of its end: worker/reconciler.py),
 ``compact`` rewrites it in one script call (store/lua/compact.lua):
 
 - the hash keeps only the run's meta fields (``fields.COMPACT_KEEP``: status, workflow, times, ...)
   and the marker ``fields.F_COMPACT``: what the run lists, ``wait()`` and a repeated start read;
-- every other field but the live-only ones (the counters of open tasks, each task's execution,
-  prepared begin and throttle note) and every stream entry go into one compact record
-  (``tl:{R}:z``): compressed JSON;
+- every other field but the live-only ones (the counters of open, active and paused tasks, and
+  each task's prepared begin and throttle note: all of them zero or absent once a run is over)
+  and every stream entry go into one compact record (``tl:{R}:z``): compressed JSON;
 - the stream, the end marker and the lease set are deleted, and the rest keeps the run's remaining
   retention (``wait()`` reads a run's status before it blocks on the end marker).
 

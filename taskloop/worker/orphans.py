@@ -14,7 +14,7 @@ that no live worker lists has no live holder, and kombu's own ``QoS.restore_by_t
 at the front of its queue (one transaction, guarded against an acknowledgement meanwhile). A
 phase message that comes back this way is handled like any redelivery: it runs if its phase is
 still queued under its token, it is replayed if the record shows it running on a worker that
-fell silent (``Executor._lost``), and it is refused as stale otherwise.
+fell silent (worker/recovery.py, ``execution_lost``), and it is refused as stale otherwise.
 
 Which workers are live is decided from the heartbeats alone (runtime/fleet.py, ``holdings``): a
 worker is gone when it fell silent while the others went on, and nothing is restored while the
@@ -68,6 +68,6 @@ def restore_orphans(app: Any, store: RedisStore, now: float | None = None, limit
                 qos.restore_by_tag(tag, client=client)
                 restored += 1
     if restored:
-        log.warning("gave %d message(s) held by %s back to their queues (their worker fell silent)",
-                    restored, ", ".join(sorted(hold.silent)) or "a worker no longer listed")
+        log.warning("gave %d message(s) back to their queues: no live worker holds them (their worker fell "
+                    "silent; silent now: %s)", restored, ", ".join(sorted(hold.silent)[:10]) or "none listed")
     return restored

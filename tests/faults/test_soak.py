@@ -28,7 +28,7 @@ SOAK_KINDS = tuple(kind for kind in KINDS if kind not in PROXY_KINDS)
 
 
 @pytest.mark.timeout(900)
-def test_a_soak_of_100_mixed_faults_leaves_every_run_correct(tmp_path: Path) -> None:
+def test_a_soak_of_mixed_faults_leaves_every_run_correct(tmp_path: Path) -> None:
     print(f"chaos soak: seed {SEED}; reproduce with python -m tests.faults.soak --faults {FAULTS} --seed {SEED}")
     started = time.monotonic()
     result = soak(FAULTS, SEED, tmp_path, kinds=SOAK_KINDS)
