@@ -1,7 +1,7 @@
 """The chaos soak, CI size: 60 faults of every kind against a steady stream of runs, then the
 offline checker (tests/faults/soak.py). The 1,000-fault version is the command line:
 
-    python -m tests.faults.soak --faults 1000 --seed 7 --report /tmp/soak-1000.md
+    python -m tests.faults.soak --faults 1000 --seed 2112 --report /tmp/soak-1000.md
 
 Reproduce a failure with its seed: python -m tests.faults.soak --faults 100 --seed <seed> --keep
 (or TASKLOOP_FAULT_SEED=<seed> python -m pytest tests/faults/test_soak.py).
