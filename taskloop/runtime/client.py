@@ -40,7 +40,7 @@ from taskloop.runtime.celery_app import SETTLE_TASK, START_TASK, PhaseSender, ma
 from taskloop.runtime.commit import commit, write
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.models import RunPage, RunResult, RunSummary, RunView
-from taskloop.store.redis_store import Applied, RedisStore
+from taskloop.store.redis_store import Applied, Conflict, RedisStore
 
 log = logging.getLogger("taskloop.runtime.client")
 _TERMINAL = {s.value for s in TERMINAL_RUN}
@@ -324,7 +324,14 @@ class TaskLoop:
             planner.resume(replayable, actor)
             return planner
 
-        commit(self.store, plan, self.store.snapshot(run_id, [fld.F_STATUS, fld.F_CONTROL]), self.send)
+        def expand_again(conflict: Conflict) -> bool:
+            # the reconciler may compact the run between the expand above and this write (a failed run
+            # it has just forgotten): every guard then fails on the hash it rewrote, so expand again
+            self.store.expand(run_id)
+            return True
+
+        commit(self.store, plan, self.store.snapshot(run_id, [fld.F_STATUS, fld.F_CONTROL]), self.send,
+               retry=expand_again)
         return RunHandle(self, run_id, known=True)
 
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:

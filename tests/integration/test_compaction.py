@@ -99,3 +99,30 @@ def test_a_failed_run_compacted_is_resumed(client, probe) -> None:
     assert [e.type for e in events].count("run.resumed") == 1
     wait_until(lambda: compacted(probe, run_id), timeout=COMPACT_WITHIN_S, what="the run compacted again")
     assert client.result(run_id) == result
+
+
+def test_a_resume_that_meets_the_reconciler_compacting_the_run_goes_on(client, probe, monkeypatch) -> None:
+    # Given a failed run that the reconciler compacts again right after the resume expanded it (the
+    # resume read the live-shaped run; the reconciler, which had just forgotten it, rewrote its hash)
+    run_id = f"compact-race-{time.time_ns()}"
+    probe.set(f"test:{run_id}:broken", "1")
+    assert client.start(cf.resumable, input={}, run_id=run_id).wait(timeout=30).status == "failed"
+    wait_until(lambda: compacted(probe, run_id), timeout=COMPACT_WITHIN_S, what="the run compacted")
+    probe.delete(f"test:{run_id}:broken")
+    expand = client.store.expand
+    calls: list[bool] = []
+
+    def expand_then_compacted(run: str) -> bool:
+        expanded = expand(run)
+        if not calls:
+            assert client.store.compact(run), "the run was not compacted again"
+        calls.append(expanded)
+        return expanded
+
+    monkeypatch.setattr(client.store, "expand", expand_then_compacted)
+    # When it is resumed
+    handle = client.resume(run_id)
+    # Then the write that met the compacted hash expanded the run again and went on
+    assert calls == [True, True]
+    assert handle.wait(timeout=30).status == "done"
+    assert [e.type for e in client.events(run_id)].count("run.resumed") == 1
