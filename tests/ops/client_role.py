@@ -1,9 +1,10 @@
 """The client role, as a producer service does it, in its own process (TASKLOOP_REDIS_URL = the
 `client` ACL user): start runs by workflow name (this process imports no workflow), wait, inspect,
 read events, find a run by id prefix, list runs (a run whose records are gone is not shown; the
-reconciler, not the client, takes it off the run lists), and cancel a running run.
+reconciler, not the client, takes it off the run lists), read a compacted run, and cancel a
+running run.
 
-    python -m tests.ops.client_role GONE_RUN_ID
+    python -m tests.ops.client_role GONE_RUN_ID COMPACTED_RUN_ID
 
 Prints one line per step ("ok <step>") and exits 0; on the first failure prints
 "broken <step>: <error>" and exits 1.
@@ -19,7 +20,7 @@ import taskloop as tl
 STEP_TIMEOUT_S = 10.0
 
 
-def main(gone: str) -> int:
+def main(gone: str, compacted: str) -> int:
     client = tl.TaskLoop()
     step = "start"
     try:
@@ -51,6 +52,12 @@ def main(gone: str) -> int:
         done = [r.run_id for r in client.runs(status="done", workflow="essay", limit=100)]  # a run list
         assert handle.run_id in done and gone not in done, done
         print("ok runs", flush=True)
+        step = "read a compacted run"  # its rounds and events are in one compact record (GET)
+        old = client.inspect(compacted)
+        assert old.status == "done" and old.tasks["write"].rounds, old
+        assert any(e.type == "run.finished" for e in client.events(compacted))
+        assert client.wait(compacted, timeout=STEP_TIMEOUT_S).status == "done"
+        print("ok read a compacted run", flush=True)
         step = "start a long run"
         slow = client.start("ops-slow", {})
         deadline = time.monotonic() + STEP_TIMEOUT_S
@@ -71,4 +78,4 @@ def main(gone: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

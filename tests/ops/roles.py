@@ -41,6 +41,8 @@ import redis
 from taskloop.base.config import Settings
 from taskloop.runtime.celery_app import START_TASK
 from taskloop.runtime.client import RunHandle, TaskLoop
+from taskloop.store import keys
+from taskloop.worker import census
 from tests.ops.stack import REPO, Replica, Stack, http_get, metric_sum
 
 STEP_TIMEOUT_S = 10.0
@@ -358,6 +360,33 @@ def worker_scenario(sc: Scenario) -> None:
         within("record reconcile passes and forget finished runs", reconciled, alive=alive)
         sc.ok("reconcile passes")
 
+        # The pass that forgets a finished run compacts it (compact.lua: HLEN, XLEN, PTTL, PEXPIRE), and
+        # the compact record keeps the run's retention (a script refused its last PEXPIRE would have
+        # written the record all the same: Redis does not undo a script's writes)
+        compact_key = keys.RunKeys.of(essay.run_id).compact
+        within("compact finished runs", lambda: probe.exists(compact_key) == 1, alive=alive)
+        retention = probe.pttl(compact_key)
+        if retention <= 0:
+            raise Broken("compact finished runs", f"the compact record has no retention (PTTL {retention})")
+        sc.ok("compact finished runs")
+
+        # A phase whose message was taken from its queue and never reached a worker (here: never
+        # sent, under the shipped queued lease of 300 s): the census dates the tail of the busy queue
+        # (LINDEX) and sends the phase again long before its lease.
+        lost_in_broker = starting.start_defined(admin.store, lambda *args: None, flows.cached, {"n": n + 2}, None,
+                                                Settings(redis_url=sc.admin_url))
+        time.sleep(census.MARGIN_S + 1)
+        backlog = [start_by_name(admin, "ops-slow", {}) for _ in range(20)]
+        try:
+            within("(setup) a busy queue", lambda: probe.llen("taskloop") > 0, alive=alive)
+            within("send again a message lost in the broker",
+                   finished(admin, RunHandle(admin, lost_in_broker.run_id, known=True)),
+                   timeout=census.CENSUS_S + census.MARGIN_S + STEP_TIMEOUT_S, alive=alive)
+        finally:
+            for run in backlog:
+                admin.cancel(run.run_id, "acl test: the backlog is no longer needed")
+        sc.ok("send again a message lost in the broker")
+
         replies = within("answer inspect ping", lambda: admin.app.control.inspect(timeout=1.0).ping(), alive=alive)
         if not any(node.startswith("worker") for node in replies):
             raise Broken("answer inspect ping", f"replies {replies}")
@@ -369,6 +398,14 @@ def worker_scenario(sc: Scenario) -> None:
         within("(setup) a run waiting at a gate", lambda: admin.inspect(gate.run_id).status == "waiting", alive=alive)
         ui = UI(sc)
         ui.reads(essay, gate, "essay")
+
+        # A live run due for a reconcile pass: the fleet page counts its expired leases (ZCOUNT). The
+        # UI reads the fleet at most every 2 s (ui/pages.py FleetCache), so this read is a fresh one,
+        # and the reconciler looks at the run again within a second, so it is made due just before.
+        time.sleep(2.5)
+        probe.zadd(keys.LIVE_INDEX, {gate.run_id: 0})
+        ui.get("UI: the fleet with a run due", "/fleet", "Workers")
+        sc.ok("UI: the fleet with a run due")
         code, body = ui.post(f"/api/runs/{gate.run_id}/gates/approval", {"action": "approve", "reason": "acl"})
         if code != 200:
             raise Broken("UI: approve a gate", f"HTTP {code}: {ui_refusal(body)}")
@@ -433,6 +470,12 @@ def client_scenario(sc: Scenario) -> None:
         gone = start_by_name(admin, "essay", {"topic": "gone"})
         within("(setup) a run to forget", finished(admin, gone))
         probe.delete(f"tl:{{{gone.run_id}}}")
+        # a finished run compacted (as the reconciler does once it forgets it): the client reads it
+        # from its compact record (GET)
+        compacted = start_by_name(admin, "essay", {"topic": "compacted"})
+        within("(setup) a run to compact", finished(admin, compacted))
+        admin.store.compact(compacted.run_id)
+        within("(setup) a compacted run", lambda: probe.exists(keys.RunKeys.of(compacted.run_id).compact) == 1)
     finally:
         admin.close()
         probe.close()
@@ -440,7 +483,8 @@ def client_scenario(sc: Scenario) -> None:
     with redis.Redis.from_url(sc.admin_url) as flusher:
         flusher.script_flush()  # the client may be the first to run taskloop's scripts after a restart
     try:
-        out = subprocess.run([sys.executable, "-m", "tests.ops.client_role", gone.run_id], env=env, cwd=REPO,
+        out = subprocess.run([sys.executable, "-m", "tests.ops.client_role", gone.run_id, compacted.run_id],
+                             env=env, cwd=REPO,
                              capture_output=True, text=True, timeout=90)
     except subprocess.TimeoutExpired as exc:
         raise Broken("client", "tests.ops.client_role did not end in 90 s") from exc

@@ -6,11 +6,12 @@ monitor, Flower as flower).
 - Each role does everything it is for, and Redis's ACL LOG records no denial.
 - Each role is minimal: taking away one grant (a command, a key pattern or a channel) breaks it:
   a step of its scenario fails, one of its processes exits, its logs show an error, or its warm
-  shutdown is refused a clean-up. The default run takes away a representative set (REPRESENTATIVE:
+  shutdown is refused a clean-up (in the full sweep, a refusal in ACL LOG that the role survives
+  also shows the grant is used). The default run takes away a representative set (REPRESENTATIVE:
   a command run only inside taskloop's Lua scripts, script loading, a broker key, a store key
   pattern, a read-only key pattern, a pub/sub channel, a blocking command, a command of a rare
   path such as the hand-back of prefetched messages at shutdown); `pytest -m slow
-  tests/ops/test_acl_roles.py` sweeps every grant of every role (about 120 runs; 15-30 minutes).
+  tests/ops/test_acl_roles.py` sweeps every grant of every role (about 140 runs; 30-45 minutes).
   TASKLOOP_ACL_SWEEP_REPORT=path appends each outcome as a JSON line (what broke, where, and what
   ACL LOG said); `python -m tests.ops.acl_report path` makes ops/redis/acl-sweep.md of it.
 - A role process must log a refused command and keep going, not exit: the reconciler logs each
@@ -53,6 +54,12 @@ REPRESENTATIVE = {
 }
 IN_CI = {("worker", "+persist"), ("client", "~_kombu.binding.taskloop"), ("monitor", "%R~tl:*"),
          ("flower", "&/0.celery.pidbox")}
+# Grants kept for a path no scenario takes (the full sweep expects them to break nothing), each with
+# that path.
+UNEXERCISED = {
+    ("monitor", "+ping"): "redis-py's health check of a connection idle for 15 s (connections/clients.py) in the "
+                          "long-running exporter and read-only UI; no scenario idles that long",
+}
 
 
 def _all_grants() -> list[tuple[str, str]]:
@@ -112,11 +119,16 @@ def test_taking_a_grant_away_breaks_the_role(roles: Roles, role: str, grant: str
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("role", "grant"), _all_grants())
+@pytest.mark.parametrize(("role", "grant"), [
+    pytest.param(r, g, marks=pytest.mark.xfail(reason=UNEXERCISED[(r, g)], strict=False)) if (r, g) in UNEXERCISED
+    else (r, g) for r, g in _all_grants()])
 def test_every_grant_is_needed(roles: Roles, role: str, grant: str) -> None:
     outcome = roles.run(role, grant)
     _record(outcome)
-    assert outcome.broken is not None, f"{role} still works without {grant}: the grant is not needed"
+    # needed: without it the role breaks, or Redis refuses it something it does (a path the role
+    # takes and survives, such as kombu's unacked mutex released with GET by Flower)
+    assert outcome.broken is not None or outcome.denials, \
+        f"{role} still works without {grant}, and Redis refused it nothing: the grant is not needed"
 
 
 def test_a_worker_refused_a_channel_keeps_running(roles: Roles) -> None:
