@@ -1,10 +1,11 @@
-"""The chaos soak, CI size: 60 faults of every kind against a steady stream of runs, then the
-offline checker (tests/faults/soak.py). The 1,000-fault version is the command line:
+"""The chaos soak, CI size: 60 faults of every kind but the network ones against a steady stream
+of runs, then the offline checker (tests/faults/soak.py). The 1,000-fault version is the command
+line:
 
     python -m tests.faults.soak --faults 1000 --seed 2112 --report /tmp/soak-1000.md
 
-Reproduce a failure with its seed: python -m tests.faults.soak --faults 100 --seed <seed> --keep
-(or TASKLOOP_FAULT_SEED=<seed> python -m pytest tests/faults/test_soak.py).
+Reproduce a failure with the line the test prints (its seed and kinds), adding --keep, or with
+TASKLOOP_FAULT_SEED=<seed> python -m pytest tests/faults/test_soak.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SOAK_KINDS = tuple(kind for kind in KINDS if kind not in PROXY_KINDS)
 
 @pytest.mark.timeout(900)
 def test_a_soak_of_mixed_faults_leaves_every_run_correct(tmp_path: Path) -> None:
-    print(f"chaos soak: seed {SEED}; reproduce with python -m tests.faults.soak --faults {FAULTS} --seed {SEED}")
+    print(f"chaos soak: seed {SEED}; reproduce with python -m tests.faults.soak --faults {FAULTS} --seed {SEED} "
+          f"--kinds {','.join(SOAK_KINDS)}")
     started = time.monotonic()
     result = soak(FAULTS, SEED, tmp_path, kinds=SOAK_KINDS)
     verdict = result.verdict
