@@ -29,7 +29,8 @@ ui`, the compose ui service: the runs list filtered and searched, a run's page, 
 stream, the fleet, also with a live run due, a gate approved through the API), and hands its
 prefetched messages back at a warm shutdown; **client** starts by name, waits (end marker and
 event stream), inspects, reads events, finds a run by prefix, lists runs (all, and one run list;
-a vanished run is not shown), reads a compacted run and cancels a running run; **monitor** runs
+a vanished run is not shown), reads a compacted run, cancels a running run and, with the
+workflows imported, a run paused at a gate (it settles the gates itself); **monitor** runs
 `taskloop status --json`, scrapes `taskloop metrics` and serves `taskloop ui --read-only` (the
 same pages; an action refused); **flower** runs Flower (workers, task events, queue length; it
 sweeps an overdue kombu binding table) with no refusal in Flower's log. Every scenario starts

@@ -1,8 +1,8 @@
 """The client role, as a producer service does it, in its own process (TASKLOOP_REDIS_URL = the
-`client` ACL user): start runs by workflow name (this process imports no workflow), wait, inspect,
-read events, find a run by id prefix, list runs (a run whose records are gone is not shown; the
-reconciler, not the client, takes it off the run lists), read a compacted run, and cancel a
-running run.
+`client` ACL user): start runs by workflow name (this process imports no workflow until its last
+step), wait, inspect, read events, find a run by id prefix, list runs (a run whose records are
+gone is not shown; the reconciler, not the client, takes it off the run lists), read a compacted
+run, cancel a running run, and, with the workflows imported, cancel a run paused at a gate.
 
     python -m tests.ops.client_role GONE_RUN_ID COMPACTED_RUN_ID
 
@@ -69,6 +69,23 @@ def main(gone: str, compacted: str) -> int:
         assert cancelled.cancelled, cancelled
         assert slow.wait(timeout=STEP_TIMEOUT_S).status == "cancelled"
         print("ok cancel", flush=True)
+        # A producer that imports its workflows settles the gates of a paused run it cancels itself,
+        # in the same write that ends the run (runtime/gates.py).
+        step = "cancel a run paused at a gate, with its definition"
+        # started by name before the import: a start by definition would also publish the workflow's
+        # shape (a SET, which the client is not given)
+        gated = client.start("ops-gate", {})
+        from tests.ops import flows
+
+        assert flows.gated.name == "ops-gate"
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while client.inspect(gated.run_id).status != "waiting":
+            assert time.monotonic() < deadline, "the run did not reach its gate"
+            time.sleep(0.05)
+        assert client.cancel(gated.run_id, "acl test").cancelled
+        assert client.inspect(gated.run_id).status == "cancelled", client.inspect(gated.run_id)
+        assert gated.wait(timeout=STEP_TIMEOUT_S).status == "cancelled"
+        print("ok cancel a run paused at a gate, with its definition", flush=True)
     except Exception as exc:
         print(f"broken {step}: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
         return 1
