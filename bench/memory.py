@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,16 @@ def key_sizes(r: redis.Redis, run_ids: list[str]) -> dict[str, Any]:
     return out
 
 
+def median_ms(call: Callable[[str], object], run_ids: list[str]) -> float:
+    """The median time of ``call(run_id)`` over ``run_ids``, in ms."""
+    times = []
+    for run_id in run_ids:
+        started = time.perf_counter()
+        call(run_id)
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 2)
+
+
 class Bench:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -148,7 +159,7 @@ class Bench:
         assert self.client is not None
         ids = [self.client.start(workflow).run_id for _ in range(n)]
         for run_id in ids:
-            result = self.client.wait(run_id, timeout=600, known=True)
+            result = self.client.wait(run_id, timeout=600)
             if result.status != "done":
                 raise SystemExit(f"run {run_id} of {workflow.name} ended {result.status}: {result.errors}")
         return ids
@@ -185,24 +196,15 @@ class Bench:
     def inspect_ms(self, ids: list[str]) -> float:
         """The median time of ``client.inspect`` on a sample of the runs."""
         assert self.client is not None
-        times = []
-        for run_id in ids[:SAMPLE]:
-            started = time.perf_counter()
-            self.client.inspect(run_id)
-            times.append((time.perf_counter() - started) * 1000)
-        return round(statistics.median(times), 2)
+        return median_ms(self.client.inspect, ids[:SAMPLE])
 
     def fork_ms(self, workflow: tl.Workflow, ids: list[str]) -> float | None:
         """The median time of ``client.fork`` (the new run's one write) of a compacted loop at round 2."""
         if workflow is not loop3:
             return None
-        assert self.client is not None
-        times = []
-        for run_id in ids[:20]:
-            started = time.perf_counter()
-            self.client.fork(run_id, "refine", 2)
-            times.append((time.perf_counter() - started) * 1000)
-        return round(statistics.median(times), 2)
+        client = self.client
+        assert client is not None
+        return median_ms(lambda run_id: client.fork(run_id, "refine", 2), ids[:20])
 
     def compact_all(self) -> float:
         """One reconcile pass that finds every finished run due (as the workers' passes do within a

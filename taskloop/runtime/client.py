@@ -51,16 +51,15 @@ _LIVE = [RunStatus.RUNNING.value, RunStatus.PENDING.value]
 class RunHandle:
     """A started run. ``wait()`` blocks on the run's end marker until it ends."""
 
-    def __init__(self, client: TaskLoop, run_id: str, known: bool = False) -> None:
+    def __init__(self, client: TaskLoop, run_id: str) -> None:
         self.client = client
         self.run_id = run_id
-        self.known = known  # start() just wrote the run: wait() need not look it up first
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id}>"
 
     def wait(self, timeout: float | None = None, on_event: Observer | None = None) -> RunResult:
-        return self.client.wait(self.run_id, timeout=timeout, on_event=on_event, known=self.known)
+        return self.client.wait(self.run_id, timeout=timeout, on_event=on_event)
 
     def inspect(self) -> RunView:
         return self.client.inspect(self.run_id)
@@ -143,7 +142,7 @@ class TaskLoop:
         with the same input returns the existing run; with another input it raises RunExists."""
         if isinstance(workflow, Workflow):
             started = starting.start_defined(self.store, self.send, workflow, input, run_id, self.settings)
-            return RunHandle(self, started.run_id, known=True)
+            return RunHandle(self, started.run_id)
         if not isinstance(workflow, str) or not NAME_PATTERN.match(workflow):
             raise InvalidInput(f"start: workflow must be a workflow or its name, which must {names.NAME_RULE}; "
                                f"got {shown(workflow)}")
@@ -154,12 +153,12 @@ class TaskLoop:
         if REGISTRY.has(workflow, version):
             defined = REGISTRY.get(workflow, version)
             started = starting.start_defined(self.store, self.send, defined, input, run_id, self.settings)
-            return RunHandle(self, started.run_id, known=True)
+            return RunHandle(self, started.run_id)
         started = starting.record_pending(self.store, workflow, version, input, run_id, self.settings)
         if started.pending:
             self.app.send_task(START_TASK, args=[started.run_id], ignore_result=True,
                                shadow=f"{workflow}.start", argsrepr=started.run_id)
-        return RunHandle(self, started.run_id, known=True)
+        return RunHandle(self, started.run_id)
 
     # reading --------------------------------------------------------------------------------
     def find(self, run_id: str) -> str:
@@ -187,14 +186,13 @@ class TaskLoop:
         return self._meta(run_id).status.value
 
     def wait(self, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
-             known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
+             on_notice: Callable[[str], None] | None = None) -> RunResult:
         """Block until the run ends and return its result. Without observers it blocks on the run's
         end marker (one wake-up); with observers it reads every event as it is appended.
-        ``known``: the run is known to exist (a handle from start), skip looking it up first.
 
         A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
         (``on_notice`` hears about it); the wait keeps its place in the event stream."""
-        return waiting.wait(self, run_id, timeout, on_event, known, on_notice)
+        return waiting.wait(self, run_id, timeout, on_event, on_notice)
 
     def result(self, run_id: str) -> RunResult | None:
         """The result of a finished run, or None while it is still going."""
@@ -288,7 +286,7 @@ class TaskLoop:
         forks (NotForkable); the definition must be the one the run was started with. ``actor``:
         who forked it (in the new run's ``run.started`` event)."""
         return RunHandle(self, forking.fork(self.store, self.send, self.settings, run_id, task, round, feedback,
-                                            new_run_id, _actor("fork", actor)), known=True)
+                                            new_run_id, _actor("fork", actor)))
 
     def resume(self, run_id: str, actor: str | None = None) -> RunHandle:
         """Replay the interrupted phases of a run that failed on a callback error (or a timeout, or a
@@ -332,7 +330,7 @@ class TaskLoop:
 
         commit(self.store, plan, self.store.snapshot(run_id, [fld.F_STATUS, fld.F_CONTROL]), self.send,
                retry=expand_again)
-        return RunHandle(self, run_id, known=True)
+        return RunHandle(self, run_id)
 
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""

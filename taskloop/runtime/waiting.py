@@ -54,12 +54,11 @@ class Outage:
 
 
 def wait(client: TaskLoop, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
-         known: bool = False, on_notice: Callable[[str], None] | None = None) -> RunResult:
+         on_notice: Callable[[str], None] | None = None) -> RunResult:
     """Block until the run ends and return its result. Without observers it blocks on the run's
     end marker (one wake-up); with observers it reads every event as it is appended.
-    ``known``: the run is known to exist (a handle from start). Its status is read first all the
-    same: a run that has ended may be compacted already, and a compacted run has no end marker to
-    block on (taskloop/store/compacted.py).
+    The run's status is read first, also for a run just started: a run that has ended may be
+    compacted already, and a compacted run has no end marker to block on (store/compacted.py).
 
     A Redis outage shorter than ``TASKLOOP_WAIT_OUTAGE_S`` (30 s) is ridden out with backoff
     (``on_notice`` hears about it); the wait keeps its place in the event stream."""

@@ -162,7 +162,7 @@ def start_by_name(client: TaskLoop, name: str, input: Any) -> RunHandle:
 
     started = starting.record_pending(client.store, name, None, input, None, client.settings)
     client.app.send_task(START_TASK, args=[started.run_id], ignore_result=True, shadow=f"{name}.start")
-    return RunHandle(client, started.run_id, known=True)
+    return RunHandle(client, started.run_id)
 
 
 def finished(client: TaskLoop, handle: RunHandle, status: str = "done") -> Callable[[], bool]:
@@ -338,7 +338,7 @@ def worker_scenario(sc: Scenario) -> None:
 
         quick = Settings(redis_url=sc.admin_url, queued_lease_s=0.5)
         lost = starting.start_defined(admin.store, lambda *args: None, flows.cached, {"n": n + 1}, None, quick)
-        within("re-send a lost message", finished(admin, RunHandle(admin, lost.run_id, known=True)), alive=alive)
+        within("re-send a lost message", finished(admin, RunHandle(admin, lost.run_id)), alive=alive)
         sc.ok("re-send a lost message")
 
         marker = sc.workdir / f"marker-{n}"
@@ -380,7 +380,7 @@ def worker_scenario(sc: Scenario) -> None:
         try:
             within("(setup) a busy queue", lambda: probe.llen("taskloop") > 0, alive=alive)
             within("send again a message lost in the broker",
-                   finished(admin, RunHandle(admin, lost_in_broker.run_id, known=True)),
+                   finished(admin, RunHandle(admin, lost_in_broker.run_id)),
                    timeout=census.CENSUS_S + census.MARGIN_S + STEP_TIMEOUT_S, alive=alive)
         finally:
             for run in backlog:
