@@ -239,6 +239,15 @@ class Superseded(TaskLoopError):
     """The phase record changed while its callback ran: another execution owns it now."""
 
 
+class LimitRefused(TaskLoopError):
+    """A write that begins a phase was refused by one of its fleet limits (nothing of it was
+    written; the phase joined that limit's wait queue). ``admission``: what the limit said."""
+
+    def __init__(self, message: str, admission: object) -> None:
+        super().__init__(message)
+        self.admission = admission
+
+
 class OutboxUnsupported(TaskLoopError):
     """The broker transport produced a command the outbox cannot run inside a script (the messages
     are then sent after each write instead)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from taskloop.core import fields as fld
 from taskloop.core.events import Event, entry_fields
+from taskloop.core.limits import LimitOp
 
 
 class Index(str, Enum):
@@ -118,6 +119,7 @@ class Batch(Writes):
         self.broker_keys: list[str] = []  # cas.lua's KEYS[5..]: the broker lists, then the run lists
         self.indexes: list[tuple[Index, str, float]] = []  # (index, member, score) before the write
         self.stats: dict[str, int] = {}  # fleet counters (tl:stats) added in the same round trip
+        self.limits: LimitOp | None = None  # a fleet-limits operation made in the same call (a slot's release)
 
     # guards ---------------------------------------------------------------------------------
     def expect(self, field: str, value: str | None, label: str = "") -> Batch:

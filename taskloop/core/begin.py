@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
+from taskloop.core.limits import limits_tag, unkeyed_specs
 from taskloop.core.phases import EventKind, Phase, PhaseEvent, TaskRecord, advance
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import Workflow
@@ -65,10 +66,15 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
 
     The running record (its JSON, ``rec``) comes from the state machine; begin.lua writes it as it
     is, and the execution (the worker's name, the begin time and, for a new round with a timeout,
-    the deadline) in its own fields, then takes the lease."""
+    the deadline) in its own fields, then takes the lease. A phase under fleet limits that need no
+    key from the worker (``lim``) takes its room in the same call, or joins a wait queue."""
     task = workflow.lookup(record.key)
-    if task is None or needs_preparation(task, record) or (record.phase and task.limits_of(record.phase.value)):
-        return None  # the worker decides (a phase under fleet limits takes its room first: worker/limiter.py)
+    if task is None or needs_preparation(task, record):
+        return None  # the worker decides
+    limits = task.limits_of(record.phase.value) if record.phase else ()
+    specs = unkeyed_specs(limits)
+    if specs is None:
+        return None  # a concurrency key: the worker computes it and takes the room first (worker/limiter.py)
     begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker="-"))
     consumed = begun.attempts - record.attempts
     return json.dumps({
@@ -78,6 +84,7 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
         "dl": record.deadline, "tmo": task.timeout_ms / 1000.0 if task.timeout_ms and record.deadline is None else None,
         "lease": settings.running_lease_s, "grace": settings.timeout_grace_s,
         "rd": outcome_fields(workflow, record),
+        **({"lim": limits_tag(specs, workflow.name, task.queue or "")} if specs else {}),
     }, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -12,6 +12,8 @@ first). A refused phase waits in the queue of the first limit that refused it.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +95,38 @@ class Waiter:
         if len(parts) != 7 or not parts[3].isdigit() or not parts[4].isdigit():
             return None
         return cls(parts[0], parts[1], parts[2], int(parts[3]), int(parts[4]), parts[5], parts[6])
+
+
+def unkeyed_specs(limits: Sequence[Limit]) -> tuple[Spec, ...] | None:
+    """The specs of limits that need no ``key(ctx)`` (rate limits, concurrency without a key): the
+    scheduler can name them when it queues the phase, so its begin takes the room (begin.lua).
+    None when a concurrency limit has a key: the worker computes it before it takes the room."""
+    if any(isinstance(limit, Concurrency) and limit.key is not None for limit in limits):
+        return None
+    return tuple(spec_of(limit) for limit in limits)
+
+
+def limits_tag(specs: Sequence[Spec], workflow: str, queue: str) -> str:
+    """What a prepared begin says of the phase's limits, and what a worker that takes its room in
+    begin.lua must present the same of: the specs and what names the phase's wait member."""
+    return json.dumps({"s": [spec.dump() for spec in specs], "w": workflow, "q": queue},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class LimitOp:
+    """A limits.lua operation made in the same call as a run's write: ``acquire`` in the begin of a
+    phase (begin.lua, ``tag``: the limits as limits_tag names them; or the full path's write that
+    begins it, cas_limits.lua), ``wake`` (release ``holder``'s slots) with the outcome that ends the
+    phase (cas_limits.lua)."""
+
+    op: str
+    specs: tuple[Spec, ...]
+    member: str = ""
+    holder: str = ""
+    tag: str = ""
+    now: float = 0.0
+    expiry: float = 0.0  # acquire: when the slots expire (the phase's lease)
 
 
 # --- the model of limits.lua's arithmetic ---------------------------------------------------------

@@ -20,16 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from taskloop.base import clock
-from taskloop.base.errors import CommitConflict, StoreUnavailable
+from taskloop.base.errors import CommitConflict, LimitRefused, StoreUnavailable
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.begin import Dispatch
 from taskloop.core.events import Event, notify
+from taskloop.core.limits import LimitOp
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import Workflow
 from taskloop.ops import metrics
+from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Applied, BeginReply, Conflict, RedisStore
 
 log = logging.getLogger("taskloop.runtime.commit")
@@ -56,6 +58,7 @@ class Committed:
 
     planner: Planner
     finished: bool
+    picked: tuple[str, ...] = ()  # the waiters a slot released with the write lets start (to send again)
 
     @property
     def events(self) -> list[Event]:
@@ -63,14 +66,18 @@ class Committed:
 
 
 def begin(store: RedisStore, run_id: str, key: str, round: int, phase: str, token: int, worker: str,
-          now: float, fields: Sequence[str]) -> BeginReply:
-    """Begin a prepared phase in one call, or read ``fields`` for the caller (store.begin)."""
-    return store.begin(run_id, key, round, phase, token, worker, now, fields)
+          now: float, fields: Sequence[str], limits: LimitOp | None = None) -> BeginReply:
+    """Begin a prepared phase in one call (taking its room under ``limits``), or read ``fields``
+    for the caller (store.begin)."""
+    return store.begin(run_id, key, round, phase, token, worker, now, fields, limits)
 
 
 def write(store: RedisStore, batch: Batch) -> Applied | Conflict:
     """Apply a guarded batch that needs no plan (see the module docstring)."""
-    return store.apply(batch)
+    assert batch.limits is None, "a write with a limits operation goes through commit"
+    result = store.apply(batch)
+    assert not isinstance(result, Admission)
+    return result
 
 
 def never(conflict: Conflict) -> bool:
@@ -78,18 +85,25 @@ def never(conflict: Conflict) -> bool:
 
 
 def commit(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender,
-           retry: Callable[[Conflict], bool] | None = None, attempts: int = MAX_ATTEMPTS) -> Committed:
+           retry: Callable[[Conflict], bool] | None = None, attempts: int = MAX_ATTEMPTS,
+           limits: LimitOp | None = None) -> Committed:
     """Plan over ``snapshot`` and write the plan; on a conflict, read again what the plan read and
     plan again (unless ``retry`` says that conflict is final). Raises CommitConflict when the
-    conflicts do not stop. ``plan`` may raise to give up (nothing is written then)."""
+    conflicts do not stop. ``plan`` may raise to give up (nothing is written then). ``limits``: a
+    limits operation made with the write: ``wake`` (the phase's slots released when its outcome is
+    written), or ``acquire`` (the room of the phase the write begins; raises LimitRefused, nothing
+    written, when a limit refuses it)."""
     conflict: Conflict | None = None
     for _ in range(attempts):
         planner = plan(snapshot)
         batch = planner.batch()
+        batch.limits = limits
         folded = _fold(send, planner, batch)
         result = store.apply(batch)
+        if isinstance(result, Admission):
+            raise LimitRefused(f"run {snapshot.run_id}: waits for limit {result.limit}", result)
         if isinstance(result, Applied):
-            committed = Committed(planner, result.finished)
+            committed = Committed(planner, result.finished, result.picked)
             _after(store, committed, None if folded else send)
             return committed
         conflict = result
@@ -105,7 +119,8 @@ def commit(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender,
     )
 
 
-def through_outage(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender, limit_s: float) -> Committed:
+def through_outage(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender, limit_s: float,
+                   limits: LimitOp | None = None) -> Committed:
     """``commit``, trying again while Redis is unreachable, for up to ``limit_s`` seconds: what a
     worker does with the outcome of a phase that ended during an outage (recorded as soon as Redis
     is back, instead of replayed after its lease). The plan is made again on every try."""
@@ -113,7 +128,7 @@ def through_outage(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Send
     delay = 0.1
     while True:
         try:
-            return commit(store, plan, snapshot, send)
+            return commit(store, plan, snapshot, send, limits=limits)
         except StoreUnavailable as exc:
             if time.monotonic() + delay > deadline:
                 raise

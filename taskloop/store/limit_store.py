@@ -87,7 +87,8 @@ class Limits:
                 if cluster:
                     self._due(refused, float(reply[2]), lower_only=True)
                     self.client.sadd(k.LIMIT_NAMES, refused.name)
-                return Admission(False, refused.name, refused.value, float(reply[2]), _num(reply[3]), _num(reply[4]))
+                return Admission(False, refused.name, refused.value, float(reply[2]), as_number(reply[3]),
+                                 as_number(reply[4]))
             done += group
             if cluster:
                 self.client.sadd(k.LIMIT_NAMES, group[0].name)
@@ -208,7 +209,7 @@ def _window_use(members: list[str], unit: str) -> int:
     return sum(int(m.rpartition("|")[2]) for m in members if m.rpartition("|")[2].isdigit())
 
 
-def _num(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):

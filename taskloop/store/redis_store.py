@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -16,12 +18,13 @@ from taskloop.connections.urls import redact as redact
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Listed, ListKey
 from taskloop.core.events import Event, from_entry, split_id
+from taskloop.core.limits import LimitOp
 from taskloop.core.snapshot import Snapshot
 from taskloop.store import keys as k
 from taskloop.store.calls import wrap
 from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
-from taskloop.store.limit_store import Limits
+from taskloop.store.limit_store import Admission, Limits, as_number
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -34,7 +37,12 @@ EVENTS_MAXLEN = 100_000  # per run; XADD MAXLEN ~ trims beyond it (TASKLOOP_EVEN
 
 
 def load_script(name: str) -> str:
-    return resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
+    """A script's source, preceded by the libraries its ``-- uses:`` line names (lib_*.lua: Lua
+    functions that several scripts call, so that each rule is written once)."""
+    source = resources.files("taskloop.store").joinpath("lua", f"{name}.lua").read_text()
+    found = re.search(r"^-- uses: (.+)$", source, re.MULTILINE)
+    libraries = [load_script(lib.strip()) for lib in found.group(1).split(",")] if found else []
+    return "\n".join([*libraries, source])
 
 
 class _Script:
@@ -60,6 +68,7 @@ class Applied:
     """A batch was applied; ``finished``: it ended the run (n:open reached 0)."""
 
     finished: bool
+    picked: tuple[str, ...] = ()  # with a "wake": the waiters the released slots let start (to send again)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class BeginReply:
 
     began: bool
     fields: dict[str, str | None]
+    refused: Admission | None = None  # a fleet limit refused the phase (it joined that limit's wait queue)
 
 
 def _entry_order(entry_id: str) -> tuple[int, int]:
@@ -91,7 +101,8 @@ class RedisStore(Compacted, Indexes, Limits):
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
         self.client: Any = client or self._connect(retries, single_connection)
         self._blocking: Any = None  # a client for blocking reads, made on first use
-        self._scripts = {name: _Script(load_script(name)) for name in ("cas", "begin", "limits", "compact", "expand")}
+        self._scripts = {name: _Script(load_script(name))
+                         for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand")}
 
 
     @wrap
@@ -135,15 +146,30 @@ class RedisStore(Compacted, Indexes, Limits):
 
     @wrap
     def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
-              fields: Sequence[str]) -> BeginReply:
+              fields: Sequence[str], limits: LimitOp | None = None) -> BeginReply:
         """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller:
-        ``fields`` starts with the task's record fields (fld.record_fields) and the control flag."""
+        ``fields`` starts with the task's record fields (fld.record_fields) and the control flag.
+        ``limits`` (an ``acquire``, single Redis only): the fleet limits the worker expects the
+        prepared begin to name, whose room is then taken in the same call."""
         keys = k.RunKeys.of(run_id)
+        script_keys = [keys.run, keys.leases]
+        presented: list[str] = ["", "", "", ""]
+        if limits is not None:
+            script_keys += [name for spec in limits.specs for name in k.LimitKeys.of(spec.name, spec.value).all()]
+            script_keys += [k.LIMITS_DUE, k.LIMIT_NAMES]
+            presented = [limits.tag, limits.member, limits.holder, fld.throttle_field(key)]
         argv: list[str | int | float] = [fld.begin_field(key), *fld.record_fields(key), fld.usage_field("attempts"),
-                                         key, token, round, phase, worker, repr(now), *fields]
-        began, values, more_names, more = self._call("begin", [keys.run, keys.leases], argv)
+                                         key, token, round, phase, worker, repr(now), *presented, *fields]
+        reply = self._call("begin", script_keys, argv)
+        began, values, more_names, more = reply[:4]
         found = dict(zip(more_names, more, strict=True))
         found.update(zip(fields, values, strict=True))
+        if began == 2:
+            assert limits is not None
+            index, retry, used, allowed = reply[4]
+            spec = limits.specs[int(index) - 1]
+            return BeginReply(False, found, Admission(False, spec.name, spec.value, float(retry), as_number(used),
+                                                      as_number(allowed)))
         return BeginReply(bool(began), found)
 
     @wrap
@@ -239,12 +265,28 @@ class RedisStore(Compacted, Indexes, Limits):
 
     # writes of one run ----------------------------------------------------------------------
     @wrap
-    def apply(self, batch: Batch) -> Conflict | Applied:
-        """Run the batch atomically: Applied, or the first guard that failed (nothing written)."""
+    def apply(self, batch: Batch) -> Conflict | Applied | Admission:
+        """Run the batch atomically: Applied, or the first guard that failed (nothing written). A
+        batch with a limits operation makes it in the same call (cas_limits.lua; on a Cluster, where
+        the limits live in other slots, in calls of their own): ``wake`` releases the phase's slots
+        once the write is applied; ``acquire`` takes the room of the phase the write begins, after
+        the guards and before the writes, and a refusal (the Admission) writes nothing."""
         cluster = clients.is_cluster(self.client)
         key_of = None if cluster else k.run_list  # a Cluster's run lists are in other slots: written after
-        args: list[str | int] = [*batch.argv(key_of), self.events_maxlen, batch.run_id]
+        args: list[str | int | float] = [*batch.argv(key_of), self.events_maxlen, batch.run_id]
         keys = self._keys(batch, key_of)
+        script = "cas"
+        op = batch.limits
+        if op is not None and not cluster:
+            script = "cas_limits"
+            limit_keys = [name for spec in op.specs for name in k.LimitKeys.of(spec.name, spec.value).all()]
+            specs = json.dumps([spec.dump() for spec in op.specs], separators=(",", ":"))
+            args = [len(keys), *args, op.op, repr(op.now), op.member, op.holder, repr(op.expiry), specs, 0]
+            keys = [*keys, *limit_keys, k.LIMITS_DUE, k.LIMIT_NAMES]
+        elif op is not None and op.op == "acquire":  # a Cluster: the room first, in the limits' own slots
+            admission = self.acquire(op.specs, op.member, op.holder, op.expiry, op.now)
+            if not admission.admitted:
+                return admission
         if batch.indexes or batch.stats:
             pipe = self.client.pipeline(transaction=False)
             for index, member, score in batch.indexes:
@@ -255,21 +297,31 @@ class RedisStore(Compacted, Indexes, Limits):
                 # Redis Cluster: these keys live in other slots (other nodes), and redis-py's cluster
                 # pipeline refuses EVALSHA: send them first, then run the script on the run's slot.
                 pipe.execute()
-                reply = self._call("cas", keys, args)
+                reply = self._call(script, keys, args)
             else:
-                pipe.evalsha(self._scripts["cas"].sha, len(keys), *keys, *args)
+                pipe.evalsha(self._scripts[script].sha, len(keys), *keys, *args)
                 reply = pipe.execute(raise_on_error=False)[-1]
                 if isinstance(reply, redis.exceptions.NoScriptError):
-                    reply = self._call("cas", keys, args)
+                    reply = self._call(script, keys, args)
                 elif isinstance(reply, Exception):
                     raise reply
         else:
-            reply = self._call("cas", keys, args)
+            reply = self._call(script, keys, args)
+        if reply[0] == 2:  # cas_limits.lua: a limit refused the phase; nothing was written
+            assert op is not None
+            refused = op.specs[int(reply[1]) - 1]
+            return Admission(False, refused.name, refused.value, float(reply[2]), as_number(reply[3]),
+                             as_number(reply[4]))
         if reply[0] == 1:
-            applied = Applied(finished=batch.finishes or (reply[1] == 0 and batch.open_delta != 0))
+            finished = batch.finishes or (reply[1] == 0 and batch.open_delta != 0)
+            picked: tuple[str, ...] = tuple(reply[2]) if script == "cas_limits" and op and op.op == "wake" else ()
             if cluster:
-                self._write_lists(batch.run_id, batch.all_listed(applied.finished))
-            return applied
+                self._write_lists(batch.run_id, batch.all_listed(finished))
+                if op is not None and op.op == "wake":
+                    picked = tuple(self.wake(op.specs, op.now, op.holder))
+            return Applied(finished=finished, picked=picked)
+        if cluster and op is not None and op.op == "acquire":  # the write was refused: the room goes back
+            self.wake(op.specs, op.now, op.holder)
         failed = int(reply[1])
         guard = batch.guards[failed - 1]
         return Conflict(failed, batch.labels[failed - 1], guard[1], reply[2] if len(reply) > 2 else None)

@@ -2,7 +2,8 @@
 modules; the rules live in them (outcomes.py, recovery.py, cache.py, scheduler.py).
 
 1. **Begin** (one call, begin.lua): when the scheduler prepared this phase, the record moves to
-   running, an attempt is counted and a lease taken, and the fields the callback needs come back.
+   running, an attempt is counted and a lease taken, room is taken under the fleet limits that
+   need no key from the worker (limiter.py), and the fields the callback needs come back.
 2. Otherwise the **full path** decides on what begin.lua read: a stale or duplicated message is
    refused; a redelivery whose execution was lost is replayed (recovery.py); a run whose
    definition is not available here is aborted; on the first execution of an activation the
@@ -11,7 +12,8 @@ modules; the rules live in them (outcomes.py, recovery.py, cache.py, scheduler.p
 3. **Call** the callback while the watcher sets ``ctx.signal`` (cancel, stop, deadline) and,
    past the grace period, records the outcome itself and stops the process.
 4. **Record** (one call, cas.lua): the outcome as resolved by outcomes.py, with everything the
-   scheduler decides from it; then send the messages it dispatched.
+   scheduler decides from it and the release of the phase's limit slots (cas_limits.lua); then
+   send the messages it dispatched.
 """
 
 from __future__ import annotations
@@ -19,18 +21,18 @@ from __future__ import annotations
 import logging
 import os
 import signal as signals
-from dataclasses import dataclass
-from enum import Enum
 
 from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import (
     CorruptRecord,
     IncompatibleDefinition,
+    LimitRefused,
     Superseded,
     TaskLoopError,
     WorkflowNotRegistered,
 )
+from taskloop.connections import clients
 from taskloop.core import fields as fld
 from taskloop.core import outcomes
 from taskloop.core.batch import Batch
@@ -42,7 +44,6 @@ from taskloop.core.phases import (
     Phase,
     Slot,
     TaskRecord,
-    TaskStatus,
     active_state,
 )
 from taskloop.core.planner import Planner
@@ -52,11 +53,13 @@ from taskloop.define.context import Signal
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
-from taskloop.runtime.commit import Committed, Sender, begin, commit, through_outage, write
+from taskloop.runtime.commit import Sender, begin, commit, through_outage, write
+from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
 from taskloop.worker import limiter, recovery
 from taskloop.worker.callbacks import build_context, call_phase, error_record, invoke, phase_fields
+from taskloop.worker.handled import Handled, Result, handled_of
 from taskloop.worker.watcher import Watcher
 
 log = logging.getLogger("taskloop.executor")
@@ -64,27 +67,6 @@ log = logging.getLogger("taskloop.executor")
 # Set in Celery prefork pool processes (worker_process_init): only there may a worker stop a
 # callback that overran its grace period by ending its own process (the pool replaces it).
 hard_stop_allowed = False
-
-
-class Result(str, Enum):
-    """What handling one phase message came to."""
-
-    COMMITTED = "committed"  # the phase ran (or was settled) and its outcome is recorded
-    STALE = "stale"  # refused: the message's round, phase or token is no longer current
-    SUPERSEDED = "superseded"  # ran, but another execution took the phase over; outcome discarded
-    RECOVERED = "recovered"  # the message re-delivered a lost execution: it was queued again
-    THROTTLED = "throttled"  # a fleet limit holds the phase back: it waits (recorded), its message is done
-    DROPPED = "dropped"  # the run or the task does not exist (never started, or expired)
-
-
-@dataclass(frozen=True)
-class Handled:
-    """The result of one message, and for a committed phase the event it recorded."""
-
-    result: Result
-    outcome: EventKind | None = None
-    error: ErrorRecord | None = None
-    reason: str | None = None
 
 
 class Executor:
@@ -100,16 +82,23 @@ class Executor:
         self.resend: limiter.Resend = resend or getattr(send, "resend", None) or _no_resend
         self.watcher = Watcher(store, settings)
         self.caps = settings.caps()
+        self.cluster = clients.is_cluster(store.client)  # limits live in other slots: never taken in begin.lua
+        self.hints = limiter.Hints()
+        self.name: str | None = None  # the current message's Celery name (<workflow>.<key>.<phase>)
         # set once the current message's callback was called: until then a store outage may hand
         # the message back to the queue (worker/tasks.py), since nothing ran yet
         self.calling = False
 
     # entry point ----------------------------------------------------------------------------
-    def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int) -> Handled:
-        """Process one message."""
+    def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int,
+               name: str | None = None) -> Handled:
+        """Process one message (``name``: its Celery name, which the limits hints go by)."""
         self.calling = False
+        self.name = name
         fields = self._fields(phase, key, round)
-        reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields)
+        presented = None if self.cluster else self.hints.presented(name, run_id, key, phase.value, round, token)
+        reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields,
+                      presented[0] if presented else None)
         snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
         if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
             what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
@@ -123,8 +112,17 @@ class Executor:
         except CorruptRecord as exc:
             return self._fail_corrupt(snap, key, str(exc))
         assert record is not None
+        if presented is not None and reply.refused is not None:
+            limiter.record_throttled(self.store, run_id, key, snap.raw_record(key) or "",
+                                     snap.get(fld.throttle_field(key)), reply.refused, presented[1])
+            return Handled(Result.THROTTLED, reason=f"waits for limit {reply.refused.limit}")
         if reply.began:
-            return self._began(snap, record)
+            if presented is None:
+                return self._began(snap, record)
+            op, waiter = presented
+            limiter.started(self.store, snap.get(fld.throttle_field(key)), waiter)
+            snap.fields[fld.throttle_field(key)] = None  # begin.lua deleted it
+            return self._began(snap, record, limiter.Holding(limiter.Held(op.specs, waiter)))
         return self._decide(snap, record, phase, round, token)
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
@@ -168,15 +166,18 @@ class Executor:
                 EventKind.FAIL, error=recovery.corrupt_error(snap.run_id, record.key, problem)))
         return workflow, task
 
-    def _began(self, snap: Snapshot, record: TaskRecord) -> Handled:
+    def _began(self, snap: Snapshot, record: TaskRecord, holding: limiter.Holding | None = None) -> Handled:
         """The phase began in begin.lua: check what it runs on, then run it."""
-        found = self._definition(snap, record)
-        if isinstance(found, Handled):
-            return found
-        workflow, task = found
-        if record.overdue(record.began_at or clock.now()):  # the round ran out while this message was queued
-            return self._record(workflow, task, snap, record, outcomes.timeout(task, record))
-        return self._run(workflow, task, snap, record)
+        try:
+            found = self._definition(snap, record)
+            if isinstance(found, Handled):
+                return found
+            workflow, task = found
+            if record.overdue(record.began_at or clock.now()):  # the round ran out while this message was queued
+                return self._record(workflow, task, snap, record, outcomes.timeout(task, record), holding=holding)
+            return self._run(workflow, task, snap, record, holding)
+        finally:
+            self._release(holding)
 
     def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
         """The full path: the message was not begun by begin.lua."""
@@ -204,30 +205,27 @@ class Executor:
             if isinstance(prepared, Handled):
                 return prepared
             lookup = prepared
-        held: limiter.Held | None = None
-        if task.limits_of(phase.value):
-            room = self._take_room(workflow, task, snap, record)
-            if isinstance(room, Handled):
-                return room
-            held = room
-        try:
-            return self._admit(workflow, task, snap, record, lookup, held)
-        except BaseException:
-            if held is not None:
-                limiter.release(self.store, held, self.resend)
-            raise
+        room: limiter.Room | None = None
+        if not task.limits_of(phase.value):
+            self.hints.forget(self.name)
+        else:
+            taken = self._room_for(workflow, task, snap, record)
+            if isinstance(taken, Handled):
+                return taken
+            room = taken
+        return self._admit(workflow, task, snap, record, lookup, room)
 
-    def _take_room(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord) -> limiter.Held | Handled:
-        """Room under the phase's fleet limits, or it waits: noted throttled, its message done (it
-        holds no pool process while it waits). A concurrency key that fails fails the task."""
+    def _room_for(self, workflow: Workflow, task: Task, snap: Snapshot,
+                  record: TaskRecord) -> limiter.Room | Handled:
+        """What the phase's begin takes under its fleet limits. A concurrency key that fails fails
+        the task."""
         assert record.phase is not None
         ctx = build_context(self.store, workflow, task, snap, record, Signal(), record.phase, self.caps)
-        room = limiter.take_room(self.store, self.settings, workflow, task, snap, record, ctx)
+        room = limiter.room_for(self.settings, workflow, task, snap, record, ctx,
+                                lambda specs: self.hints.learn(self.name, workflow, task, specs))
         if isinstance(room, limiter.KeyFailed):
             failed = Outcome(EventKind.FAIL, error=error_record(room.error))
             return self._commit_outcome(workflow, task, snap, record, failed)
-        if isinstance(room, limiter.Waiting):
-            return Handled(Result.THROTTLED, reason=f"waits for limit {room.limit}")
         return room
 
     def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
@@ -256,10 +254,12 @@ class Executor:
         return found
 
     def _admit(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-               lookup: caching.Lookup | None, held: limiter.Held | None = None) -> Handled:
-        """Begin the phase with a guarded write of its own (admitted against the budget)."""
+               lookup: caching.Lookup | None, room: limiter.Room | None = None) -> Handled:
+        """Begin the phase with a guarded write of its own (admitted against the budget, and taking
+        its room under its fleet limits in the same call: a refusal writes nothing and the phase
+        waits, noted throttled, its message done)."""
         raw = snap.raw_record(task.key)
-        throttled = snap.get(fld.throttle_field(task.key)) is not None
+        note = snap.get(fld.throttle_field(task.key))
 
         def plan(view: Snapshot) -> Planner:
             if view.raw_record(task.key) != raw or view.control is not None:
@@ -270,30 +270,33 @@ class Executor:
                 if lookup.fingerprint is not None:
                     planner.data[fld.fingerprint_field(task.key)] = lookup.fingerprint
             planner.admit(task.key, self.worker, task.timeout_ms)
-            if throttled:
+            if note is not None:
                 planner.run_deletes.append(fld.throttle_field(task.key))
             return planner
 
         try:
-            committed = commit(self.store, plan, snap, self.send, retry=_not_budget)
+            committed = commit(self.store, plan, snap, self.send, retry=_not_budget,
+                               limits=room.op if room is not None else None)
         except Superseded:
-            if held is not None:
-                limiter.release(self.store, held, self.resend)
             return self.handle_again(snap, record)
+        except LimitRefused as exc:
+            assert room is not None and isinstance(exc.admission, Admission) and raw is not None
+            limiter.record_throttled(self.store, snap.run_id, task.key, raw, note, exc.admission, room.waiter)
+            return Handled(Result.THROTTLED, reason=f"waits for limit {exc.admission.limit}")
         except TaskLoopError as exc:
             conflict = getattr(exc, "conflict", None)
             if not isinstance(conflict, Conflict) or not conflict.label.startswith("budget:"):
                 raise
-            if held is not None:
-                limiter.release(self.store, held, self.resend)
             spent = outcomes.budget_spent(workflow, task, record, conflict.label.removeprefix("budget:"),
                                           int(conflict.current or 0))
             return self._commit_outcome(workflow, task, snap, record, spent)
+        if room is not None:
+            limiter.started(self.store, note, room.waiter)
         begun = committed.planner.tasks[task.key]
         fresh = Snapshot(snap.run_id, {**snap.fields, fld.task_field(task.key): begun.dump(),
                                        fld.throttle_field(task.key): None},
                          loader=lambda names: self.store.hmget(snap.run_id, names))
-        return self._run(workflow, task, fresh, begun, held)
+        return self._run(workflow, task, fresh, begun, limiter.Holding(room.held) if room is not None else None)
 
     def handle_again(self, snap: Snapshot, record: TaskRecord) -> Handled:
         """The record moved while this message was being decided on: the message is stale now."""
@@ -302,10 +305,11 @@ class Executor:
 
     # running --------------------------------------------------------------------------------
     def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-             held: limiter.Held | None = None) -> Handled:
+             holding: limiter.Holding | None = None) -> Handled:
         phase = record.phase
         assert phase is not None
         signal = Signal()
+        held = holding.held if holding is not None else None
         tokens = limiter.token_counter(self.store, held) if held is not None else None
         ctx = build_context(self.store, workflow, task, snap, record, signal, phase, self.caps, tokens)
         raw = snap.raw_record(task.key)
@@ -322,23 +326,28 @@ class Executor:
                       snap.run_id, task.key, phase.value, outcomes.step_name(task, record), reason,
                       handled.result.value, "; stopping this pool process" if hard_stop_allowed else "")
             if hard_stop_allowed:
-                if held is not None:  # the process ends here: the finally below never runs
-                    limiter.release(self.store, held, self.resend)
+                self._release(holding)  # the process ends here: the finally below never runs
                 os.kill(os.getpid(), signals.SIGKILL)
 
         try:
             self.calling = True
             with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun, renew):
                 outcome = call_phase(task, phase, ctx, snap, self.caps)
-            return self._record(workflow, task, snap, record, outcome, signal)
+            return self._record(workflow, task, snap, record, outcome, signal, holding)
         finally:
-            if held is not None:
-                limiter.release(self.store, held, self.resend)
+            self._release(holding)
+
+    def _release(self, holding: limiter.Holding | None) -> None:
+        """Give back the phase's slots, unless the write of its outcome did (once)."""
+        if holding is not None and not holding.released:
+            holding.released = True
+            limiter.release(self.store, holding.held, self.resend)
 
     # recording ------------------------------------------------------------------------------
     def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord, outcome: Outcome,
-                signal: Signal | None = None) -> Handled:
-        """Record the outcome of a running phase (resolved against the run as it is now)."""
+                signal: Signal | None = None, holding: limiter.Holding | None = None) -> Handled:
+        """Record the outcome of a running phase (resolved against the run as it is now), releasing
+        its limit slots in the same call."""
         key = task.key
         begun_raw = snap.raw_record(key)
         write_back: list[Event | None] = []
@@ -362,11 +371,15 @@ class Executor:
                             [e for e in write_back if e is not None])
             return planner
 
+        wake = limiter.wake_op(holding.held) if holding is not None and not holding.released else None
         try:
-            committed = through_outage(self.store, plan, snap, self.send, self.settings.record_outage_s)
+            committed = through_outage(self.store, plan, snap, self.send, self.settings.record_outage_s, wake)
         except Superseded:
             return self._superseded(snap, begun)
-        return _handled(committed, key)
+        if wake is not None and holding is not None:
+            holding.released = True
+            limiter.woken(committed.picked, self.resend)
+        return handled_of(committed, key)
 
     def _commit_outcome(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
                         outcome: Outcome, extra_events: list[Event] | None = None) -> Handled:
@@ -389,7 +402,7 @@ class Executor:
             return self.handle_again(snap, record)
         if note is not None:
             limiter.leave(self.store, note)
-        return _handled(committed, task.key)
+        return handled_of(committed, task.key)
 
     def _write_back(self, task: Task, snap: Snapshot, outcome: Outcome) -> Event | None:
         assert task.cache is not None
@@ -480,12 +493,3 @@ def _no_resend(waiters: object) -> None:
 
 def _not_budget(conflict: Conflict) -> bool:
     return not conflict.label.startswith("budget:")
-
-
-def _handled(committed: Committed, key: str) -> Handled:
-    record = committed.planner.tasks[key]
-    last = committed.planner.changed.get(key)
-    kind = None
-    if last is not None and last.error is not None and last.status is TaskStatus.FAILED:
-        kind = EventKind.FAIL
-    return Handled(Result.COMMITTED, outcome=kind, error=record.error if kind else None)

@@ -1,8 +1,22 @@
-"""Fleet flow control on a worker (SPEC §10): a phase under limits takes room in limits.lua before
-it begins, or is recorded throttled and its message acknowledged, so it holds no pool process and
+"""Fleet flow control on a worker (SPEC §10): a phase under limits takes room in limits.lua as it
+begins, or is recorded throttled and its message acknowledged, so it holds no pool process and
 no prefetch slot while it waits. It is sent again when there is room: by the release of a slot
 (the process that releases it sends the oldest waiters at once), and by the ``Drainer`` thread of
 every worker's main process for rate windows that reopen and as the backstop for every queue.
+
+Where the room is taken:
+
+- A phase whose limits need no key from the worker (rate limits, concurrency without ``key``) is
+  prepared by the scheduler with its limits named (core/begin.py), and takes its room inside
+  begin.lua, in the one call that begins it. The worker must present the same limits with their
+  keys: it learns them per message name (``Hints``) the first time such a message takes the full
+  path, and begin.lua gives the full path to a message whose limits differ.
+- A concurrency limit with a ``key(ctx)``, a phase that is not prepared, and any phase on a Redis
+  Cluster (the limits live in other slots) take the full path: after the read, the write that
+  begins the phase takes the room in the same call (``room_for``; cas_limits.lua), or on a Cluster
+  in a call of its own just before it.
+- The slots a phase holds are released with the write of its outcome (cas_limits.lua), or in a
+  call of their own when that write is not made (the phase was taken over; a Cluster).
 
 The pure part (specs, wait members, the model of the window arithmetic) is taskloop/core/limits.py;
 the script is taskloop/store/lua/limits.lua; the store's side is taskloop/store/limit_store.py.
@@ -23,7 +37,7 @@ from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.events import Event
-from taskloop.core.limits import Spec, Waiter, spec_of
+from taskloop.core.limits import LimitOp, Spec, Waiter, limits_tag, spec_of
 from taskloop.core.phases import Slot, TaskRecord, lease_until
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import TaskContext
@@ -56,6 +70,14 @@ class Held:
         return tuple(spec for spec in self.specs if spec.tokens)
 
 
+@dataclass
+class Holding:
+    """What a running phase took under its fleet limits, until it is given back (once)."""
+
+    held: Held
+    released: bool = False
+
+
 @dataclass(frozen=True)
 class KeyFailed:
     """A Concurrency's ``key(ctx)`` raised, or returned what cannot name a slot: the task fails."""
@@ -64,36 +86,100 @@ class KeyFailed:
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """The phase waits for ``limit`` (noted throttled in its run)."""
+class Room:
+    """The acquire to make with the write that begins a phase, and the phase's wait member."""
 
-    limit: str
+    op: LimitOp
+    waiter: Waiter
+
+    @property
+    def held(self) -> Held:
+        """What the phase holds once the write is made."""
+        return Held(self.op.specs, self.waiter)
 
 
-def take_room(store: RedisStore, settings: Settings, workflow: Workflow, task: Task, snap: Snapshot,
-              record: TaskRecord, ctx: TaskContext) -> Held | Waiting | KeyFailed:
-    """Room for a queued phase under its limits (limits.lua), or its place in a wait queue: noted
-    in the run (the throttle field, a ``throttled`` event the first time)."""
+@dataclass(frozen=True)
+class Hint:
+    """The limits the last message of one name began under, with what names its wait member."""
+
+    tag: str
+    specs: tuple[Spec, ...]
+    workflow: str
+    queue: str
+
+
+class Hints:
+    """What a worker process expects of the limits of a message by its Celery name
+    (``<workflow>.<key>.<phase>``), so that it can present them to begin.lua with their keys. Only a
+    hint: begin.lua compares it with what the scheduler prepared."""
+
+    MAX = 1024
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Hint] = {}
+
+    def presented(self, name: str | None, run_id: str, key: str, phase: str, round: int,
+                  token: int) -> tuple[LimitOp, Waiter] | None:
+        hint = self._by_name.get(name) if name else None
+        if hint is None:
+            return None
+        waiter = Waiter(run_id, key, phase, round, token, hint.workflow, hint.queue)
+        return LimitOp("acquire", hint.specs, waiter.member(), waiter.holder, hint.tag), waiter
+
+    def learn(self, name: str | None, workflow: Workflow, task: Task, specs: Sequence[Spec]) -> None:
+        """What a message of this name took the full path with: its limits, when they need no key."""
+        if not name:
+            return
+        if not specs or any(spec.value for spec in specs):
+            self._by_name.pop(name, None)
+            return
+        if len(self._by_name) >= self.MAX:
+            self._by_name.clear()
+        self._by_name[name] = Hint(limits_tag(specs, workflow.name, task.queue or ""), tuple(specs),
+                                   workflow.name, task.queue or "")
+
+    def forget(self, name: str | None) -> None:
+        if name:
+            self._by_name.pop(name, None)
+
+
+def started(store: RedisStore, note: str | None, waiter: Waiter) -> None:
+    """A phase took its room (in begin.lua, or with the write that began it), and its throttle note
+    was deleted with it: how long it waited (metrics), and the wait entry of an older token goes."""
+    if note is None:
+        return
+    note_waited(note, clock.now())
+    if _member_of(note) != waiter.member():
+        leave(store, note)
+
+
+def wake_op(held: Held) -> LimitOp | None:
+    """The release of the phase's slots, to make with the write of its outcome (None: it holds none)."""
+    if not held.slots:
+        return None
+    return LimitOp("wake", held.slots, holder=held.waiter.holder, now=clock.now())
+
+
+def woken(members: Sequence[str], resend: Resend) -> None:
+    """Send again the waiters a release made with an outcome's write picked."""
+    _resend(members, resend)
+
+
+def room_for(settings: Settings, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
+             ctx: TaskContext, learn: Callable[[Sequence[Spec]], None] | None = None) -> Room | KeyFailed:
+    """What the write that begins a queued phase takes under its limits (the full path: the write
+    and the acquire are one call, cas_limits.lua). ``learn`` is told the specs (Hints)."""
     assert record.phase is not None
     try:
         specs = specs_for(task, record.phase.value, ctx)
     except Exception as exc:
         return KeyFailed(exc)
+    if learn is not None:
+        learn(specs)
     waiter = waiter_of(workflow, task, record, snap.run_id)
     now = clock.now()
     expiry = lease_until(now, record.deadline, settings.running_lease_s, settings.timeout_grace_s)
-    admission = store.acquire(specs, waiter.member(), waiter.holder, expiry, now)
-    note = snap.get(fld.throttle_field(task.key))
-    if not admission.admitted:
-        raw = snap.raw_record(task.key)
-        assert raw is not None
-        record_throttled(store, snap.run_id, task.key, raw, note, admission, waiter)
-        return Waiting(admission.limit or "?")
-    if note is not None:
-        note_waited(note, now)
-        if _member_of(note) != waiter.member():
-            leave(store, note)  # it waited under an older token: that entry goes too
-    return Held(specs, waiter)
+    return Room(LimitOp("acquire", specs, waiter.member(), waiter.holder, now=now, expiry=expiry), waiter)
 
 
 def _member_of(note: str) -> str | None:

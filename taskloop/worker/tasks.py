@@ -25,7 +25,8 @@ from taskloop.store.redis_store import RedisStore
 from taskloop.worker import executor as executor_module
 from taskloop.worker import messages, replies, starter
 from taskloop.worker.census import Census
-from taskloop.worker.executor import Executor, Result
+from taskloop.worker.executor import Executor
+from taskloop.worker.handled import Result
 from taskloop.worker.limiter import Drainer
 from taskloop.worker.logs import one_line_logs
 from taskloop.worker.orphans import restore_orphans
@@ -59,8 +60,10 @@ def executor(app: Celery, hostname: str) -> Executor:
     return _executor
 
 
-def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """One phase message: the reply Celery records (replies.py)."""
+def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+            name: str | None = None) -> str:
+    """One phase message: the reply Celery records (replies.py). ``name``: the message's Celery name
+    (its shadow, ``<workflow>.<key>.<phase>``)."""
     message = messages.read(messages.PhaseMessage, f"taskloop.{phase.value}", args, kwargs,
                             ("run_id", "key", "round", "token"))
     if isinstance(message, str):
@@ -68,7 +71,7 @@ def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ..
     worker: Executor | None = None
     try:
         worker = executor(app, hostname or "worker")
-        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token)
+        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token, name)
     except StoreUnavailable as exc:
         if worker is not None and worker.calling:
             raise  # the callback ran: its outcome was retried for TASKLOOP_RECORD_OUTAGE_S; its lease replays it
@@ -91,15 +94,15 @@ def register(app: Celery) -> None:
 
     @app.task(name="taskloop.attempt", **options)
     def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs)
+        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow)
 
     @app.task(name="taskloop.check", **options)
     def check(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs)
+        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow)
 
     @app.task(name="taskloop.run", **options)
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.RUN, self.request.hostname, args, kwargs)
+        return execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow)
 
     @app.task(name=taskloop_app.START_TASK, **options)
     def start(self: Any, *args: Any, **kwargs: Any) -> str:

@@ -42,3 +42,20 @@ def _slow_check(ctx: tl.LoopContext, candidate: int) -> dict[str, Any]:
 slow_loop = tl.define_workflow("slow-loop", version="1", tasks=[
     tl.define_loop_task("crawl", max_rounds=50, attempt=_slow_attempt, check=_slow_check),
 ])
+
+
+def _held(ctx: tl.TaskContext) -> list[float]:
+    """Hold for a moment; the output says when (a limit's test checks that no two overlapped)."""
+    began = time.time()
+    time.sleep(float(ctx.input.get("hold_s", 0.3)))
+    return [began, time.time()]
+
+
+# Fleet limits on a Cluster (each limit in a slot of its own): one without a key, taken in the
+# full path's calls (never inside begin.lua, whose keys are the run's slot), and one with a key.
+one_at_a_time = tl.Concurrency("cluster-one", limit=1)
+per_doc = tl.Concurrency("cluster-doc", limit=1, key=lambda ctx: ctx.input["doc"])
+held_unkeyed = tl.define_workflow("cluster-held", version="1",
+                                  tasks=[tl.define_task("hold", _held, limits=[one_at_a_time])])
+held_keyed = tl.define_workflow("cluster-held-keyed", version="1",
+                                tasks=[tl.define_task("hold", _held, limits=[per_doc])])

@@ -3,6 +3,7 @@ the broker, a real worker, workflows end to end, and every store method on the c
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -167,6 +168,24 @@ def test_workflows_end_to_end(worker: WorkerProcess, client: TaskLoop) -> None:
     client.start(flows.core, input={}).wait(timeout=30, on_event=lambda e: events.append(e.type))
     assert "task" in events
     print(f"\ncluster: 7 runs end to end in {time.monotonic() - started:.2f} s")
+    assert worker.alive()
+
+
+def test_fleet_limits_hold_on_a_cluster(worker: WorkerProcess, client: TaskLoop) -> None:
+    """SPEC §10 on a Cluster: the limits live in slots of their own, so a phase takes its room and
+    gives it back in calls of their own (limit_store.py), not inside the run's scripts; a
+    concurrency limit of 1, with and without a key, never lets two phases overlap, and nothing is
+    left held or waiting."""
+    from tests.connections import flows as cf
+
+    for workflow, given in ((cf.held_unkeyed, {}), (cf.held_keyed, {"doc": "A"})):
+        handles = [client.start(workflow, input={"hold_s": 0.3, **given}) for _ in range(4)]
+        results = [h.wait(timeout=60) for h in handles]
+        assert [r.status for r in results] == ["done"] * 4, results
+        spans = sorted(tuple(r.values["hold"]) for r in results)
+        overlapping = [(a, b) for a, b in itertools.pairwise(spans) if a[1] > b[0]]
+        assert overlapping == [], f"{workflow.name}: phases overlapped: {overlapping}"
+    assert [u for u in client.store.limit_uses(time.time()) if u.used or u.waiting] == []
     assert worker.alive()
 
 

@@ -54,11 +54,15 @@ five_per_s = tl.RateLimit("test-five", rate=5, per_s=1.0)
 tokens = tl.RateLimit("test-tokens", rate=100, per_s=2.0, unit="tokens")
 lowered = tl.Concurrency("test-lowered", limit=3)
 one_writer = tl.Concurrency("test-writer", limit=1)
+wide = tl.Concurrency("test-wide", limit=1000)
+wide_rate = tl.RateLimit("test-wide-rate", rate=1000, per_s=1.0)
 
 held = tl.define_workflow("limits-held", version="1", tasks=[tl.define_task("hold", _hold, limits=[per_doc])])
 free = tl.define_workflow("limits-free", version="1", tasks=[tl.define_task("free", _quick)])
 rated = tl.define_workflow("limits-rated", version="1", tasks=[tl.define_task("rated", _quick, limits=[five_per_s])])
 spent = tl.define_workflow("limits-tokens", version="1", tasks=[tl.define_task("spend", _spend, limits=[tokens])])
+roomy = tl.define_workflow("limits-roomy", version="1",
+                           tasks=[tl.define_task("roomy", _quick, limits=[wide, wide_rate])])
 changed = tl.define_workflow("limits-changed", version="1",
                              tasks=[tl.define_task("hold", _hold, limits=[lowered])])
 

@@ -6,8 +6,10 @@ phases that wait at once; an operator's override applies to phases already waiti
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
+import threading
 import time
 from typing import Any
 
@@ -165,3 +167,49 @@ def test_a_loop_with_attempt_limits_limits_its_attempts_only(client: TaskLoop, p
             spans.append((start, end))
     spans.sort()
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), f"attempts overlapped: {spans}"
+
+
+def test_a_phase_whose_limits_need_no_key_takes_its_room_in_the_call_that_begins_it(
+        client: TaskLoop, probe: redis.Redis) -> None:
+    """SPEC §10: an unkeyed concurrency limit and a rate limit cost a phase no call of their own. A
+    worker process learns a message name's limits on its first message (the full path, whose
+    write takes the room: cas_limits.lua acquire); after that the room is taken in begin.lua, and
+    the slot is released with the outcome's write (cas_limits.lua wake). Counted from Redis's
+    MONITOR, for the calls that name the limits."""
+    names = {client.store._scripts[name].sha: name for name in ("limits", "begin", "cas", "cas_limits")}
+    calls: collections.Counter[str] = collections.Counter()
+    seen_before: set[str] = set()
+    watching = threading.Event()
+    stop = threading.Event()
+
+    def watch() -> None:
+        with probe.monitor() as monitor:
+            watching.set()
+            for seen in monitor.listen():
+                if stop.is_set():
+                    return
+                words = str(seen["command"]).split()
+                # (a script's first call on this server is seen twice: NOSCRIPT, then again once loaded)
+                named = words[:1] == ["EVALSHA"] and any("test-wide" in word for word in words)
+                if named and seen["command"] not in seen_before:
+                    seen_before.add(seen["command"])
+                    script = names.get(words[1], words[1])
+                    op = next((w for w in words if w.strip('"') in ("acquire", "wake")), "").strip('"')
+                    calls[f"{script}:{op}" if script == "cas_limits" else script] += 1
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert watching.wait(5)
+    tag = f"roomy-{time.time_ns()}"
+    n = 24
+    results = [h.wait(timeout=60) for h in _start(client, lf.roomy, tag, n)]
+    stop.set()
+    probe.ping()  # one more command ends the monitor's wait
+    thread.join(timeout=5)
+    assert [r.status for r in results] == ["done"] * n
+    learned = calls["cas_limits:acquire"]  # the full path: a process's first message of this name
+    assert learned <= 4, f"the full path took room {learned} times (two workers x two processes): {calls}"
+    assert calls["begin"] + learned == n, calls  # every other phase took its room in begin.lua (it names the limits)
+    assert calls["limits"] == 0, f"limits.lua was called on its own: {calls}"
+    assert calls["cas_limits:wake"] == n, calls  # every slot went back with its outcome, in the same call
+    assert _left(client, "test-wide") == (0, 0)
