@@ -5,13 +5,14 @@ real workers (two nodes x two pool processes: a fleet, not one worker):
     python -m bench.limits --only rate        # one section: rate, release, admission
 
 - ``rate``: a backlog of 6 x R single-task runs under ``tl.RateLimit(rate=R, per_s=1)`` for R =
-  20, 50 and 100 starts/s: the steady rate the fleet reaches (after the first window, which the
-  backlog fills at once) as a share of R, and the most starts in any one-second window (must be
-  <= R). Beside it, Celery's own ``rate_limit="R/s"`` on the same two nodes at Celery's defaults:
-  what a hand-rolled task gets (Celery's limit is per worker node), waited for up to 120 s.
+  20, 50 and 100 starts/s, queued before the fleet starts, then again started into the running
+  fleet: the steady rate the fleet reaches (after the first window, which the backlog fills at
+  once) as a share of R, and the most starts in any one-second window (must be <= R). Beside
+  it, Celery's own ``rate_limit="R/s"`` on the same two nodes at Celery's defaults: what a
+  hand-rolled task gets (Celery's limit is per worker node), waited for up to 120 s.
 - ``release``: a chain of runs on one concurrency key (limit 1), each holding 0.2 s: the time
   from one phase's callback returning to the next phase's callback starting (the outcome's
-  commit, the release, the message sent again, the begin): p50 and p95.
+  commit with the release, the message sent again, the begin that takes the slot): p50 and p95.
 - ``admission``: how many starts per second one limit admits when it is the only thing
   working: ``limits.lua`` called in a loop by 4 client processes against one redis-server, for a
   rate limit (acquire) and a concurrency limit (acquire and release). A limit lives in one hash
@@ -88,37 +89,56 @@ def _taskloop_nodes() -> list[list[str]]:
     return [["taskloop", "worker", "--import", "bench.limit_flows", "-c", "2", "-n", f"tl{n}@%h"] for n in range(2)]
 
 
+def _rate_run(r: redis.Redis, client: Any, workflow: Any, rate: int, n: int,
+              start_fleet: Any = None) -> tuple[dict[str, Any], list[subprocess.Popen[bytes]]]:
+    """One backlog of ``n`` runs under ``rate``/s: started, then (``start_fleet``) the fleet started
+    after them, or into the running fleet. Returns the figures of ``_rates`` and the admissions,
+    and the fleet it started."""
+    r.delete("bench:limits:starts")
+    window = LimitKeys.of(f"bench-rate-{rate}").use
+    admitted: dict[str, float] = {}  # the limit's own log, sampled while it lasts (entries live >= 1 s)
+    handles = [client.start(workflow, input={}) for _ in range(n)]
+    procs = start_fleet() if start_fleet is not None else []
+    deadline = time.monotonic() + 120
+    while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
+        admitted.update(r.zrange(window, 0, -1, withscores=True))
+        time.sleep(0.05)
+    admitted.update(r.zrange(window, 0, -1, withscores=True))
+    for handle in handles:
+        if handle.wait(timeout=60).status != "done":
+            raise Failure(f"a run under {rate}/s did not end done")
+    starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
+    found = {**_rates(starts, rate, n), "most_admitted_in_one_s": _windows(sorted(admitted.values())),
+             "admissions_seen": len(admitted), "first_window_spread_s": round(starts[rate - 1] - starts[0], 3)}
+    return found, procs
+
+
 def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
+    """Each rate twice: a backlog queued before the fleet starts (the issue's case: the first
+    window's starts come together), and a backlog started into the running fleet (the first
+    window's starts spread over the time the client takes to start the runs, and a sliding window
+    repeats that spread every window: the steady share is then at most (N - R) / (N/R - 1 + spread))."""
     from bench import limit_flows as lf
     from taskloop import TaskLoop
 
     r = redis.Redis.from_url(url, decode_responses=True)
     client = TaskLoop(url)
     found: dict[str, Any] = {}
-    procs = _workers(env, logdir, _taskloop_nodes())
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         for rate in RATES:
-            r.delete("bench:limits:starts")
             n = rate * BACKLOG_S
-            workflow = lf.rated[rate]
-            window = LimitKeys.of(f"bench-rate-{rate}").use
-            admitted: dict[str, float] = {}  # the limit's own log, sampled while it lasts (entries live >= 1 s)
-            handles = [client.start(workflow, input={}) for _ in range(n)]
-            deadline = time.monotonic() + 120
-            while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
-                admitted.update(r.zrange(window, 0, -1, withscores=True))
-                time.sleep(0.2)
-            admitted.update(r.zrange(window, 0, -1, withscores=True))
-            for handle in handles:
-                if handle.wait(timeout=60).status != "done":
-                    raise Failure(f"a run under {rate}/s did not end done")
-            starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
-            found[str(rate)] = {**_rates(starts, rate, n),
-                                "most_admitted_in_one_s": _windows(sorted(admitted.values())),
-                                "admissions_seen": len(admitted)}
-            print(f"  taskloop {rate}/s: {_line(found[str(rate)], rate)}; admissions (the limit's log, "
-                  f"{len(admitted)} seen): most in one second {found[str(rate)]['most_admitted_in_one_s']}",
-                  flush=True)
+            first, procs = _rate_run(r, client, lf.rated[rate], rate, n,
+                                     start_fleet=lambda: _workers(env, logdir, _taskloop_nodes()))
+            second, _ = _rate_run(r, client, lf.rated[rate], rate, n)
+            _stop(procs)
+            procs = []
+            found[str(rate)] = {"queued_first": first, "into_running_fleet": second}
+            for label, figures in (("queued first", first), ("into the running fleet", second)):
+                print(f"  taskloop {rate}/s, backlog {label}: {_line(figures, rate)}; first window's starts over "
+                      f"{figures['first_window_spread_s']} s; admissions (the limit's log, "
+                      f"{figures['admissions_seen']} seen): most in one second {figures['most_admitted_in_one_s']}",
+                      flush=True)
     finally:
         _stop(procs)
         client.close()

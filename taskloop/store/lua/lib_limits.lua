@@ -192,11 +192,18 @@ local function limit_op(KEYS, ARGV)
         end
       end
       -- when to look again: soon while some are on their way (they start, or wait again and say when
-      -- the window reopens), else when the window reopens or the first slot expires
+      -- the window reopens), else when the window reopens or the first slot expires. A rate limit in
+      -- starts has counted the starts of the waiters it picked, so when its window reopens is known
+      -- now: it is looked at then (not when a picked waiter's message comes back to a worker, which
+      -- would add that message's way to every window, and the delays would add up window by window).
       local next_at = false
       local waiting_n = redis.call('ZCARD', wait)
       if waiting_n > 0 then
-        if sent_now > 0 or on_the_way or not again then next_at = now + RESENT_S else next_at = again end
+        if spec.k ~= 'conc' and spec.u ~= 'tokens' then
+          local _, _, _, reopens = state(spec, cfg, use)
+          next_at = now + RESENT_S
+          if reopens and reopens < next_at then next_at = reopens end
+        elseif sent_now > 0 or on_the_way or not again then next_at = now + RESENT_S else next_at = again end
       elseif spec.v ~= '' and redis.call('ZCARD', use) == 0 then
         redis.call('SREM', select(6, keys_of(i)), spec.v)  -- nothing held, nothing waits: not listed
       end
