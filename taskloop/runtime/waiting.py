@@ -6,21 +6,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from taskloop.base import clock, names
+from taskloop.base.config import Settings
 from taskloop.base.errors import RunTimeout, StoreUnavailable
 from taskloop.core import events as ev
 from taskloop.core.events import Observer, notify
 from taskloop.core.phases import TERMINAL_RUN
+from taskloop.core.snapshot import RunMeta
 from taskloop.runtime.models import RunResult
-
-if TYPE_CHECKING:
-    from taskloop.runtime.client import TaskLoop
+from taskloop.store.redis_store import RedisStore
 
 log = logging.getLogger("taskloop.client")
 _TERMINAL = {s.value for s in TERMINAL_RUN}
 _WAIT_SLICE_S = 5.0
+
+
+class WaitingClient(Protocol):
+    """What waiting needs of the client (runtime/client.py's TaskLoop): its store and settings, its
+    observers, a run's stored status and its result."""
+
+    store: RedisStore
+    settings: Settings
+    _observers: list[Observer]
+
+    def _meta(self, run_id: str) -> RunMeta: ...
+
+    def result(self, run_id: str) -> RunResult | None: ...
 
 
 class Outage:
@@ -53,7 +66,7 @@ class Outage:
         self.delay = 0.1
 
 
-def wait(client: TaskLoop, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
+def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_event: Observer | None = None,
          on_notice: Callable[[str], None] | None = None) -> RunResult:
     """Block until the run ends and return its result. Without observers it blocks on the run's
     end marker (one wake-up); with observers it reads every event as it is appended.

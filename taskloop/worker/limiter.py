@@ -19,7 +19,8 @@ Where the room is taken:
   call of their own when that write is not made (the phase was taken over; a Cluster).
 
 The pure part (specs, wait members, the model of the window arithmetic) is taskloop/core/limits.py;
-the script is taskloop/store/lua/limits.lua; the store's side is taskloop/store/limit_store.py.
+the Lua is taskloop/store/lua/lib_limits.lua (called by limits.lua, begin.lua and cas_limits.lua);
+the store's side is taskloop/store/limit_store.py and RedisStore.begin / apply.
 """
 
 from __future__ import annotations
