@@ -256,8 +256,7 @@ def completion(shell: str) -> None:
     """Print the shell completion script, e.g. `eval "$(taskloop completion bash)"` in ~/.bashrc."""
     from click.shell_completion import get_completion_class
 
-    from taskloop.cli import cli
-
+    root = click.get_current_context().find_root().command  # the taskloop group (taskloop/cli/__init__.py)
     found = get_completion_class(shell)
     assert found is not None
-    click.echo(found(cli, {}, "taskloop", "_TASKLOOP_COMPLETE").source())
+    click.echo(found(root, {}, "taskloop", "_TASKLOOP_COMPLETE").source())

@@ -5,6 +5,7 @@ over the size that asks for a split."""
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,23 @@ def test_no_import_goes_up_a_layer(module: str, path: Path) -> None:
 def test_no_module_is_over_the_size_that_asks_for_a_split() -> None:
     sizes = {module: len(path.read_text().splitlines()) for module, path in modules()}
     assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """docs/architecture.md: no import circles, TYPE_CHECKING imports included (``from pkg import
+    module`` counts as an import of that module)."""
+    known = {module for module, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("taskloop"):
+                named = {f"{node.module}.{a.name}" for a in node.names} & known
+                targets |= named or {node.module}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("taskloop")}
+        graph[module] = (targets & known) - {module}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"an import circle: {' -> '.join(exc.args[1])}")
