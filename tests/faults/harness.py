@@ -248,9 +248,13 @@ class Cluster:
                              and e.began_at > fault.at]
                     if later:
                         outcome.max_recovery_s = max(outcome.max_recovery_s, min(later) - fault.at)
-        stats = self.client.store.stats()
-        outcome.stale_rejections = int(stats.get("stale_deliveries", 0)) + int(stats.get("stale_commits", 0))
+        outcome.stale_rejections = stale_rejections(self.client.store.stats())
         return outcome
+
+
+def stale_rejections(stats: dict[str, str]) -> int:
+    """The deliveries and commits the fleet refused as stale (tl:stats)."""
+    return int(stats.get("stale_deliveries", 0)) + int(stats.get("stale_commits", 0))
 
 
 def in_flight(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, str, int, str]]:

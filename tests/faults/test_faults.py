@@ -17,7 +17,7 @@ import pytest
 from taskloop.base.errors import StoreUnavailable
 from taskloop.runtime.models import executions
 from tests.faults import flows
-from tests.faults.harness import FAULT_ENV, RESULTS, Cluster, Fault, Outcome, timer
+from tests.faults.harness import FAULT_ENV, RESULTS, Cluster, Fault, Outcome, stale_rejections, timer
 
 SEED = int(os.environ.get("TASKLOOP_FAULT_SEED", "0")) or int(time.time()) % 100_000
 
@@ -115,6 +115,13 @@ def test_sigstop_past_the_lease_then_sigcont(cluster: Cluster, size: dict) -> No
         # paused process is told from a slow one only by its lease: 30 s by default)
         time.sleep(running_lease_s(cluster) + 2 * reconcile_interval_s(cluster) + 1.0)
         os.kill(pid, signal.SIGCONT)
+    # the woken process goes on with the callback it was stopped in, then tries to commit: give it
+    # that time (the replay may have ended every run before the SIGCONT, and the check reads the
+    # refusal counters as soon as the runs are over)
+    assert cluster.client is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not stale_rejections(cluster.client.store.stats()):
+        time.sleep(0.1)
     outcome = finish(cluster, "SIGSTOP past the lease, SIGCONT", run_ids, faults)
     assert outcome.stale_rejections > 0  # the woken process could not commit
     assert outcome.replays >= 1
