@@ -149,8 +149,9 @@ class Cluster:
         for proc in self.workers.values():
             try:
                 proc.wait(20)
-            except Exception:
-                proc.kill()
+            except Exception:  # a worker that does not stop in time: killed, and reaped (an unreaped
+                proc.kill()  # process is a ResourceWarning in whichever later test collects it)
+                proc.wait(20)
         if self.client is not None:
             self.client.close()
         self.redis.stop()

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from taskloop.store import keys as k
 from tests.faults import flows
 from tests.faults.harness import RESULTS, Cluster, Outcome
 from tests.waiting import wait_until
@@ -29,12 +28,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _state(cluster: Cluster, run_id: str) -> dict[str, Any]:
-    assert cluster.probe is not None
-    keys = k.RunKeys.of(run_id)
+    """What the run holds, as every reader sees it: the reconciler may compact the finished run
+    meanwhile (its raw keys change then, and these do not: tests/integration/test_compaction.py)."""
+    assert cluster.client is not None
     return {
-        "run": cluster.probe.hgetall(keys.run),
-        "events": cluster.probe.xrange(keys.events),
-        "leases": cluster.probe.zrange(keys.leases, 0, -1, withscores=True),
+        "view": cluster.client.inspect(run_id).model_dump(),
+        "events": cluster.client.events(run_id),
+        "result": cluster.client.result(run_id),
     }
 
 
