@@ -102,15 +102,27 @@ def _rate_run(r: redis.Redis, client: Any, workflow: Any, rate: int, n: int,
     deadline = time.monotonic() + 120
     while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
         admitted.update(r.zrange(window, 0, -1, withscores=True))
-        time.sleep(0.05)
+        time.sleep(0.03)
     admitted.update(r.zrange(window, 0, -1, withscores=True))
     for handle in handles:
         if handle.wait(timeout=60).status != "done":
             raise Failure(f"a run under {rate}/s did not end done")
     starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
     found = {**_rates(starts, rate, n), "most_admitted_in_one_s": _windows(sorted(admitted.values())),
-             "admissions_seen": len(admitted), "first_window_spread_s": round(starts[rate - 1] - starts[0], 3)}
+             "admissions_seen": len(admitted), "first_window_spread_s": round(starts[rate - 1] - starts[0], 3),
+             **_reopen_lag(sorted(admitted.values()), rate, n)}
     return found, procs
+
+
+def _reopen_lag(admissions: list[float], rate: int, n: int) -> dict[str, Any]:
+    """How long after a window had room again the next start was admitted: admission k against
+    admission k - R (the start whose leaving made the room) + 1 s. Only when the sampled log holds
+    every admission."""
+    if len(admissions) < n:
+        return {}
+    lags = sorted((admissions[k] - admissions[k - rate] - 1.0) * 1000 for k in range(rate, len(admissions)))
+    return {"reopen_lag_ms_p50": round(statistics.median(lags), 1),
+            "reopen_lag_ms_p90": round(statistics.quantiles(lags, n=10)[8], 1)}
 
 
 def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
@@ -135,10 +147,12 @@ def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
             procs = []
             found[str(rate)] = {"queued_first": first, "into_running_fleet": second}
             for label, figures in (("queued first", first), ("into the running fleet", second)):
+                lag = (f"; a window's room to the next admission p50 {figures['reopen_lag_ms_p50']} ms, p90 "
+                       f"{figures['reopen_lag_ms_p90']} ms" if "reopen_lag_ms_p50" in figures else "")
                 print(f"  taskloop {rate}/s, backlog {label}: {_line(figures, rate)}; first window's starts over "
                       f"{figures['first_window_spread_s']} s; admissions (the limit's log, "
-                      f"{figures['admissions_seen']} seen): most in one second {figures['most_admitted_in_one_s']}",
-                      flush=True)
+                      f"{figures['admissions_seen']} seen): most in one second {figures['most_admitted_in_one_s']}"
+                      f"{lag}", flush=True)
     finally:
         _stop(procs)
         client.close()
