@@ -32,6 +32,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -89,7 +90,7 @@ def _taskloop_nodes() -> list[list[str]]:
     return [["taskloop", "worker", "--import", "bench.limit_flows", "-c", "2", "-n", f"tl{n}@%h"] for n in range(2)]
 
 
-def _rate_run(r: redis.Redis, client: Any, workflow: Any, rate: int, n: int,
+def _rate_run(url: str, r: redis.Redis, client: Any, workflow: Any, rate: int, n: int,
               start_fleet: Any = None) -> tuple[dict[str, Any], list[subprocess.Popen[bytes]]]:
     """One backlog of ``n`` runs under ``rate``/s: started, then (``start_fleet``) the fleet started
     after them, or into the running fleet. Returns the figures of ``_rates`` and the admissions,
@@ -97,16 +98,30 @@ def _rate_run(r: redis.Redis, client: Any, workflow: Any, rate: int, n: int,
     r.delete("bench:limits:starts")
     window = LimitKeys.of(f"bench-rate-{rate}").use
     admitted: dict[str, float] = {}  # the limit's own log, sampled while it lasts (entries live >= 1 s)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        sampler = redis.Redis.from_url(url, decode_responses=True)
+        while not sampling.is_set():
+            admitted.update(sampler.zrange(window, 0, -1, withscores=True))
+            time.sleep(0.03)
+        admitted.update(sampler.zrange(window, 0, -1, withscores=True))
+        sampler.close()
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
     handles = [client.start(workflow, input={}) for _ in range(n)]
     procs = start_fleet() if start_fleet is not None else []
     deadline = time.monotonic() + 120
     while r.llen("bench:limits:starts") < n and time.monotonic() < deadline:
-        admitted.update(r.zrange(window, 0, -1, withscores=True))
-        time.sleep(0.03)
-    admitted.update(r.zrange(window, 0, -1, withscores=True))
+        time.sleep(0.05)
     for handle in handles:
         if handle.wait(timeout=60).status != "done":
             raise Failure(f"a run under {rate}/s did not end done")
+    sampling.set()
+    thread.join()
+    ours = {handle.run_id for handle in handles}  # the window may still hold the last backlog's starts
+    admitted = {member: at for member, at in admitted.items() if member.split("|", 1)[0] in ours}
     starts = sorted(float(t) for t in r.lrange("bench:limits:starts", 0, -1))
     found = {**_rates(starts, rate, n), "most_admitted_in_one_s": _windows(sorted(admitted.values())),
              "admissions_seen": len(admitted), "first_window_spread_s": round(starts[rate - 1] - starts[0], 3),
@@ -118,7 +133,7 @@ def _reopen_lag(admissions: list[float], rate: int, n: int) -> dict[str, Any]:
     """How long after a window had room again the next start was admitted: admission k against
     admission k - R (the start whose leaving made the room) + 1 s. Only when the sampled log holds
     every admission."""
-    if len(admissions) < n:
+    if len(admissions) != n:
         return {}
     lags = sorted((admissions[k] - admissions[k - rate] - 1.0) * 1000 for k in range(rate, len(admissions)))
     return {"reopen_lag_ms_p50": round(statistics.median(lags), 1),
@@ -140,9 +155,9 @@ def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
     try:
         for rate in RATES:
             n = rate * BACKLOG_S
-            first, procs = _rate_run(r, client, lf.rated[rate], rate, n,
+            first, procs = _rate_run(url, r, client, lf.rated[rate], rate, n,
                                      start_fleet=lambda: _workers(env, logdir, _taskloop_nodes()))
-            second, _ = _rate_run(r, client, lf.rated[rate], rate, n)
+            second, _ = _rate_run(url, r, client, lf.rated[rate], rate, n)
             _stop(procs)
             procs = []
             found[str(rate)] = {"queued_first": first, "into_running_fleet": second}
