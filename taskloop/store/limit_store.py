@@ -66,12 +66,8 @@ class Limits:
 
     def _limit_call(self, op: str, specs: Sequence[Spec], now: float, member: str = "", holder: str = "",
                     expiry: float = 0.0, amount: int = 0, globals_: bool = True) -> Any:
-        keys = [key for spec in specs for key in k.LimitKeys.of(spec.name, spec.value).all()]
-        if globals_:
-            keys += [k.LIMITS_DUE, k.LIMIT_NAMES]
-        argv: list[str | int | float] = [op, repr(now), member, holder, repr(expiry),
-                                         json.dumps([s.dump() for s in specs], separators=(",", ":")), amount]
-        return self._call("limits", keys, argv)
+        return self._call("limits", limit_keys(specs, globals_), limit_argv(op, specs, now, member, holder, expiry,
+                                                                            amount))
 
     @wrap
     def acquire(self, specs: Sequence[Spec], member: str, holder: str, expiry: float, now: float) -> Admission:
@@ -207,6 +203,20 @@ def _window_use(members: list[str], unit: str) -> int:
     if unit != "tokens":
         return len(members)
     return sum(int(m.rpartition("|")[2]) for m in members if m.rpartition("|")[2].isdigit())
+
+
+def limit_keys(specs: Sequence[Spec], globals_: bool = True) -> list[str]:
+    """limits.lua's KEYS for ``specs`` (six per limit), then, with ``globals_`` (a single Redis),
+    the due set and the names set."""
+    keys = [key for spec in specs for key in k.LimitKeys.of(spec.name, spec.value).all()]
+    return [*keys, k.LIMITS_DUE, k.LIMIT_NAMES] if globals_ else keys
+
+
+def limit_argv(op: str, specs: Sequence[Spec], now: float, member: str = "", holder: str = "",
+               expiry: float = 0.0, amount: int = 0) -> list[str | int | float]:
+    """limits.lua's ARGV (lib_limits.lua)."""
+    return [op, repr(now), member, holder, repr(expiry),
+            json.dumps([spec.dump() for spec in specs], separators=(",", ":")), amount]
 
 
 def as_number(value: Any) -> float | None:

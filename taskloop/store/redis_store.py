@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from taskloop.store import keys as k
 from taskloop.store.calls import wrap
 from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
-from taskloop.store.limit_store import Admission, Limits, as_number
+from taskloop.store.limit_store import Admission, Limits, as_number, limit_argv, limit_keys
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -155,8 +154,7 @@ class RedisStore(Compacted, Indexes, Limits):
         script_keys = [keys.run, keys.leases]
         presented: list[str] = ["", "", "", ""]
         if limits is not None:
-            script_keys += [name for spec in limits.specs for name in k.LimitKeys.of(spec.name, spec.value).all()]
-            script_keys += [k.LIMITS_DUE, k.LIMIT_NAMES]
+            script_keys += limit_keys(limits.specs)
             presented = [limits.tag, limits.member, limits.holder, fld.throttle_field(key)]
         argv: list[str | int | float] = [fld.begin_field(key), *fld.record_fields(key), fld.usage_field("attempts"),
                                          key, token, round, phase, worker, repr(now), *presented, *fields]
@@ -279,10 +277,8 @@ class RedisStore(Compacted, Indexes, Limits):
         op = batch.limits
         if op is not None and not cluster:
             script = "cas_limits"
-            limit_keys = [name for spec in op.specs for name in k.LimitKeys.of(spec.name, spec.value).all()]
-            specs = json.dumps([spec.dump() for spec in op.specs], separators=(",", ":"))
-            args = [len(keys), *args, op.op, repr(op.now), op.member, op.holder, repr(op.expiry), specs, 0]
-            keys = [*keys, *limit_keys, k.LIMITS_DUE, k.LIMIT_NAMES]
+            args = [len(keys), *args, *limit_argv(op.op, op.specs, op.now, op.member, op.holder, op.expiry)]
+            keys = [*keys, *limit_keys(op.specs)]
         elif op is not None and op.op == "acquire":  # a Cluster: the room first, in the limits' own slots
             admission = self.acquire(op.specs, op.member, op.holder, op.expiry, op.now)
             if not admission.admitted:

@@ -98,7 +98,7 @@ class Executor:
         fields = self._fields(phase, key, round)
         presented = None if self.cluster else self.hints.presented(name, run_id, key, phase.value, round, token)
         reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields,
-                      presented[0] if presented else None)
+                      presented.op if presented else None)
         snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
         if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
             what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
@@ -114,15 +114,14 @@ class Executor:
         assert record is not None
         if presented is not None and reply.refused is not None:
             limiter.record_throttled(self.store, run_id, key, snap.raw_record(key) or "",
-                                     snap.get(fld.throttle_field(key)), reply.refused, presented[1])
+                                     snap.get(fld.throttle_field(key)), reply.refused, presented.waiter)
             return Handled(Result.THROTTLED, reason=f"waits for limit {reply.refused.limit}")
         if reply.began:
             if presented is None:
                 return self._began(snap, record)
-            op, waiter = presented
-            limiter.started(self.store, snap.get(fld.throttle_field(key)), waiter)
+            limiter.started(self.store, snap.get(fld.throttle_field(key)), presented.waiter)
             snap.fields[fld.throttle_field(key)] = None  # begin.lua deleted it
-            return self._began(snap, record, limiter.Holding(limiter.Held(op.specs, waiter)))
+            return self._began(snap, record, limiter.Holding(presented.held))
         return self._decide(snap, record, phase, round, token)
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:

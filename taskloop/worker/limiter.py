@@ -88,7 +88,7 @@ class KeyFailed:
 
 @dataclass(frozen=True)
 class Room:
-    """The acquire to make with the write that begins a phase, and the phase's wait member."""
+    """The acquire to make with the call that begins a phase, and the phase's wait member."""
 
     op: LimitOp
     waiter: Waiter
@@ -120,12 +120,13 @@ class Hints:
         self._by_name: dict[str, Hint] = {}
 
     def presented(self, name: str | None, run_id: str, key: str, phase: str, round: int,
-                  token: int) -> tuple[LimitOp, Waiter] | None:
+                  token: int) -> Room | None:
+        """The room this message's begin would take (begin.lua compares ``op.tag`` with the prepared begin)."""
         hint = self._by_name.get(name) if name else None
         if hint is None:
             return None
         waiter = Waiter(run_id, key, phase, round, token, hint.workflow, hint.queue)
-        return LimitOp("acquire", hint.specs, waiter.member(), waiter.holder, hint.tag), waiter
+        return Room(LimitOp("acquire", hint.specs, waiter.member(), waiter.holder, hint.tag), waiter)
 
     def learn(self, name: str | None, workflow: Workflow, task: Task, specs: Sequence[Spec]) -> None:
         """What a message of this name took the full path with: its limits, when they need no key."""
