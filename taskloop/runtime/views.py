@@ -67,17 +67,21 @@ def run_view_and_events(store: RedisStore, run_id: str,
     ``known``: the events a caller read before (a live page): only the later ones are read, and
     the list is extended with them."""
     names.check_run_id(run_id)
+    # the events first, then the fields: a write landing between the two reads is then in the fields
+    # and after the last event read, so a live page that follows from that event renders it again
+    # (read the other way round, the page would show the older fields with the newer event as its
+    # last, and wait for a later write that may never come)
+    if known is None:
+        events = store.events(run_id)
+    else:
+        known += store.events(run_id, after=known[-1].id) if known and known[-1].id else store.events(run_id)
+        events = known
     fields: dict[str, str | None] = dict(store.all_fields(run_id))
     if not fields:
         raise RunNotFound(run_id)
     snap = Snapshot(run_id, fields)
     meta = snap.meta()
     tasks = _records(snap)
-    if known is None:
-        events = store.events(run_id)
-    else:
-        known += store.events(run_id, after=known[-1].id) if known and known[-1].id else store.events(run_id)
-        events = known
     execs = executions(events)
     ordered = sorted(tasks.values(), key=lambda r: (r.started_at is None, r.started_at or 0.0, r.key))
     copied = _json(fields.get(fld.F_COPIED))
