@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,38 +80,73 @@ def phase_name(workflow: Workflow, dispatch: Dispatch) -> str:
     return f"{workflow.name}.{dispatch.key}.{dispatch.phase.value}"
 
 
-def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
-    """Send one phase message: ids only, named after the workflow for Flower."""
+@dataclass(frozen=True)
+class Message:
+    """What a taskloop message says: ids only (its task, arguments, shadow name and args repr for
+    Flower, queue and countdown); sent by ``send`` or built by the outbox (outbox.Builder)."""
+
+    task: str
+    args: list[Any]
+    shadow: str
+    argsrepr: str
+    queue: str | None = None
+    countdown: float | None = None
+
+    def send(self, app: Celery, producer: Any = None) -> None:
+        options: dict[str, Any] = {}
+        if producer is not None:
+            options["producer"] = producer
+        if self.queue:
+            options["queue"] = self.queue
+        if self.countdown:
+            options["countdown"] = self.countdown
+        app.send_task(self.task, args=self.args, shadow=self.shadow, argsrepr=self.argsrepr, ignore_result=True,
+                      **options)
+
+
+def _phase(run_id: str, key: str, phase: str, round_: int, token: int, shadow: str, queue: str | None,
+           countdown: float | None) -> Message:
+    return Message(f"taskloop.{phase}", [run_id, key, round_, token], shadow, f"{run_id} {key} round={round_}",
+                   queue, countdown)
+
+
+def phase_message(workflow: Workflow, run_id: str, dispatch: Dispatch) -> Message:
+    """One phase message: ids only, named after the workflow for Flower."""
     task = workflow.lookup(dispatch.key)
-    _send(app, run_id, dispatch.key, dispatch.phase.value, dispatch.round, dispatch.token,
-          phase_name(workflow, dispatch), task.queue if task is not None else None, dispatch.countdown, producer)
+    return _phase(run_id, dispatch.key, dispatch.phase.value, dispatch.round, dispatch.token,
+                  phase_name(workflow, dispatch), task.queue if task is not None else None, dispatch.countdown)
+
+
+def waiter_message(waiter: Waiter) -> Message:
+    """The message of a phase that waited for a fleet limit, sent again (the same token: a duplicate
+    is refused as stale)."""
+    return _phase(waiter.run_id, waiter.key, waiter.phase, waiter.round, waiter.token,
+                  f"{waiter.workflow}.{waiter.key}.{waiter.phase}", waiter.queue or None, None)
+
+
+def fanout_message(workflow: Workflow, run_id: str, keys: Sequence[str]) -> Message:
+    """Ask a worker to send the phase messages of ``keys`` (their current tokens, read there)."""
+    return Message(DISPATCH_TASK, [run_id, list(keys)], f"{workflow.name}.dispatch", f"{run_id} {len(keys)} tasks")
+
+
+def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch, producer: Any = None) -> None:
+    phase_message(workflow, run_id, dispatch).send(app, producer)
 
 
 def send_waiter(app: Celery, waiter: Waiter, producer: Any = None) -> None:
-    """Send the message of a phase that waited for a fleet limit again (the same token: a duplicate
-    is refused as stale)."""
-    _send(app, waiter.run_id, waiter.key, waiter.phase, waiter.round, waiter.token,
-          f"{waiter.workflow}.{waiter.key}.{waiter.phase}", waiter.queue or None, None, producer)
-
-
-def _send(app: Celery, run_id: str, key: str, phase: str, round_: int, token: int, shadow: str, queue: str | None,
-          countdown: float | None, producer: Any) -> None:
-    options: dict[str, Any] = {}
-    if producer is not None:
-        options["producer"] = producer
-    if queue:
-        options["queue"] = queue
-    if countdown:
-        options["countdown"] = countdown
-    app.send_task(f"taskloop.{phase}", args=[run_id, key, round_, token], shadow=shadow,
-                  argsrepr=f"{run_id} {key} round={round_}", ignore_result=True, **options)
+    waiter_message(waiter).send(app, producer)
 
 
 def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str], producer: Any = None) -> None:
-    """Ask a worker to send the phase messages of ``keys`` (their current tokens, read there)."""
-    options: dict[str, Any] = {"producer": producer} if producer is not None else {}
-    app.send_task(DISPATCH_TASK, args=[run_id, list(keys)], shadow=f"{workflow.name}.dispatch",
-                  argsrepr=f"{run_id} {len(keys)} tasks", ignore_result=True, **options)
+    fanout_message(workflow, run_id, keys).send(app, producer)
+
+
+def messages_of(workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> list[Message]:
+    """The messages of a plan's dispatches: the first FANOUT_DIRECT phases themselves, the rest in
+    DISPATCH_TASK messages of FANOUT_CHUNK keys."""
+    rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
+    return [*(phase_message(workflow, run_id, d) for d in dispatches[:FANOUT_DIRECT]),
+            *(fanout_message(workflow, run_id, rest[i:i + FANOUT_CHUNK]) for i in range(0, len(rest), FANOUT_CHUNK))]
 
 
 class PhaseSender:
@@ -132,6 +168,7 @@ class PhaseSender:
         self._lock = threading.Lock()
         self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
             and not app.conf.task_send_sent_event  # a "sent" event must not announce an unwritten plan
+        self.builder = outbox.Builder(app)
 
     def __call__(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
         with self._lock:
@@ -160,9 +197,13 @@ class PhaseSender:
         """The Redis commands that publish these messages (None: send them after the write)."""
         if not self.folds:
             return None
+        messages = messages_of(workflow, run_id, dispatches)
+        built = [self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown) for m in messages]
+        if all(push is not None for push in built):
+            return [("lpush", push) for push in built if push is not None]
         with self._lock:
             try:
-                return outbox.collect(self._acquire(), lambda: self._locked_publish(workflow, run_id, dispatches))
+                return outbox.collect(self._acquire(), lambda: self._locked_send(messages))
             except OutboxUnsupported as exc:
                 log.info("messages are sent after each write: %s", exc)
                 self.folds = False
@@ -177,14 +218,13 @@ class PhaseSender:
         return self._producer
 
     def _locked_publish(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
-        direct = dispatches[:FANOUT_DIRECT]
-        rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
+        self._locked_send(messages_of(workflow, run_id, dispatches))
+
+    def _locked_send(self, messages: Sequence[Message]) -> None:
         producer = self._acquire()
         try:
-            for dispatch in direct:
-                send_phase(self.app, workflow, run_id, dispatch, producer=producer)
-            for start in range(0, len(rest), FANOUT_CHUNK):
-                send_fanout(self.app, workflow, run_id, rest[start:start + FANOUT_CHUNK], producer=producer)
+            for message in messages:
+                message.send(self.app, producer)
         except Exception:
             self._release()
             raise

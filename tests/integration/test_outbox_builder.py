@@ -1,0 +1,61 @@
+"""The outbox builds phase messages itself (runtime/outbox.py ``Builder``): each one must be the
+message Celery's ``send_task`` and kombu's Redis transport would push, field by field (ids and
+delivery tags aside). Real redis-server: kombu's channel needs one."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from taskloop.base.config import Settings
+from taskloop.core.begin import Dispatch
+from taskloop.core.phases import Phase
+from taskloop.define.tasks import define_task
+from taskloop.define.workflow import Workflow
+from taskloop.runtime import outbox
+from taskloop.runtime.celery_app import PhaseSender, make_app, messages_of
+
+ONE = Workflow(name="outbox-test", version="1", tasks=(define_task("a", run=lambda ctx: 1),
+                                                       define_task("b", run=lambda ctx: 2, queue="elsewhere")))
+IDS = ("id", "root_id", "correlation_id", "delivery_tag")
+
+
+def _normal(payload: str) -> dict[str, Any]:
+    message = json.loads(payload)
+    for part in ("headers", "properties"):
+        for name in IDS:
+            if message[part].get(name) is not None:
+                message[part][name] = "<id>"
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    return message
+
+
+@pytest.mark.parametrize("dispatches", [
+    [Dispatch("a", Phase.RUN, 1, 1)],
+    [Dispatch("b", Phase.RUN, 2, 7)],
+    [Dispatch("a", Phase.RUN, 1, 1)] * 40,  # 32 phases, then a taskloop.dispatch message of the rest
+], ids=["default queue", "a task's own queue", "a fan-out"])
+def test_a_built_message_is_the_one_celery_and_kombu_push(redis_server, dispatches: list[Dispatch]) -> None:
+    app = make_app(Settings(redis_url=redis_server.url, broker_url=redis_server.url))
+    sender = PhaseSender(app, redis_server.url)
+    assert sender.folds and sender.builder.usable
+    messages = messages_of(ONE, "run-1", dispatches)
+    built = [sender.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown) for m in messages]
+    by_kombu = outbox.collect(sender._acquire(), lambda: sender._locked_send(messages))
+    assert [name for name, _ in by_kombu] == ["lpush"] * len(messages)
+    assert all(push is not None for push in built)
+    assert [key for key, _ in built if key] == [args[0] for _, args in by_kombu]
+    for (_, payload), (_, (_, kombu_payload)) in zip(built, by_kombu, strict=True):  # type: ignore[misc]
+        assert _normal(payload) == _normal(kombu_payload)
+    sender.close()
+
+
+def test_a_countdown_or_a_routed_app_goes_through_celery(redis_server) -> None:
+    app = make_app(Settings(redis_url=redis_server.url, broker_url=redis_server.url))
+    builder = outbox.Builder(app)
+    assert builder.push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None, countdown=2.0) is None
+    app.conf.task_routes = {"taskloop.*": {"queue": "routed"}}
+    assert outbox.Builder(app).push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None) is None
