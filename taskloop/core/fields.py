@@ -39,10 +39,10 @@ F_COMPACT = "z"  # present ("1") once the finished run was compacted: its data i
 # A finished run, compacted (taskloop/store/compacted.py), keeps these in its hash, where the run
 # lists, wait() and a repeated start read them; everything else moves into its compact record, but
 # what only a live run needs: the counters of open, active and paused tasks, and per task its
-# prepared begin and its throttle note.
+# prepared begin, its throttle note and its start note.
 COMPACT_KEEP = (*META_FIELDS, F_INPUT_DIGEST)
 LIVE_ONLY = frozenset({F_OPEN, F_ACTIVE, F_PAUSED})
-LIVE_ONLY_PREFIXES = ("b:", "th:")
+LIVE_ONLY_PREFIXES = ("b:", "th:", "x:")
 
 USAGE_NAMES = ("attempts", "input", "cached", "output")
 
@@ -120,6 +120,13 @@ THROTTLE_PREFIX = "th:"
 def begin_field(key: str) -> str:
     """The begin that the scheduler prepared for a queued phase (read by begin.lua)."""
     return f"b:{key}"
+
+
+def started_field(key: str) -> str:
+    """A phase that a worker began to run before its begin was written (worker/deferred.py): "<token>
+    <worker> <started at>", written with the read that precedes its callback. It names the token of
+    the message it ran: a note whose token is not the record's is an earlier phase's."""
+    return f"x:{key}"
 
 
 def fingerprint_field(key: str) -> str:

@@ -223,13 +223,15 @@ class Planner:
         self.settle()
         return new
 
-    def admit(self, key: str, worker: str, timeout_ms: int | None) -> TaskRecord:
-        """Begin a queued phase on the worker's own write (the path without a prepared begin):
-        one attempt consumed and admitted against the budget."""
+    def admit(self, key: str, worker: str, timeout_ms: int | None, at: float | None = None) -> TaskRecord:
+        """Begin a queued phase on the worker's own write (the path without a prepared begin, and a
+        deferred phase's outcome, which begins it ``at`` the time its callback started): one
+        attempt consumed and admitted against the budget."""
         old = self.record(key)
-        begun = self.move(key, PhaseEvent(EventKind.BEGIN, self.now, worker=worker, timeout_ms=timeout_ms))
+        begun = self.move(key, PhaseEvent(EventKind.BEGIN, self.now if at is None else at, worker=worker,
+                                          timeout_ms=timeout_ms))
         consumed = begun.attempts - old.attempts
-        if counts_attempts(self.workflow):
+        if counts_attempts(self.workflow) and consumed:
             self.usage["attempts"] = self.usage.get("attempts", 0) + consumed
         self.caps += budget_caps(self.workflow, consumed)
         return begun
@@ -405,6 +407,7 @@ class Planner:
                     b.set(fld.begin_field(key), prepared)
             elif record.terminal and not self.new_run:
                 b.delete(fld.begin_field(key))
+                b.delete(fld.started_field(key))
         for field, value in self.data.items():
             b.set(field, value)
         for name, amount in self.usage.items():

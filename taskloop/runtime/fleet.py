@@ -24,6 +24,18 @@ FORGET_AFTER_S = 3600.0  # a worker gone without a word leaves tl:workers after 
 HOLD_MARGIN_S = 1.0  # a message taken this long before a heartbeat is in that heartbeat's ``held``
 
 
+class RunningPhase(BaseModel):
+    """A phase a worker's pool ran at a heartbeat: its message (run, task, token) and since when the
+    worker's heartbeats have seen it running (by the worker's clock)."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    key: str
+    token: int
+    since: float
+    pid: int | None = None  # the pool process that runs it
+
+
 class WorkerInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
     node: str
@@ -35,6 +47,10 @@ class WorkerInfo(BaseModel):
     # the ids of every task message it held then (prefetched, waiting for a countdown or running):
     # what the reconciler must not take back from it (taskloop/worker/orphans.py)
     held: list[str] = Field(default_factory=list)
+    # the phases its pool processes ran then: a phase that runs before its begin is written
+    # (taskloop/worker/deferred.py) and does not get it written within the running lease is
+    # taken for hung (taskloop/worker/unbegun.py)
+    running: list[RunningPhase] = Field(default_factory=list)
 
 
 class LimitInfo(BaseModel):

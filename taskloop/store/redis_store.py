@@ -101,7 +101,7 @@ class RedisStore(Compacted, Indexes, Limits):
         self.client: Any = client or self._connect(retries, single_connection)
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._scripts = {name: _Script(load_script(name))
-                         for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand")}
+                         for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote")}
 
 
     @wrap
@@ -122,6 +122,31 @@ class RedisStore(Compacted, Indexes, Limits):
         record = self.compact_record(run_id)
         moved = record.fields if record is not None else {}
         return [value if value is not None else moved.get(name) for name, value in zip(fields, values, strict=True)]
+
+    @wrap
+    def read_noting(self, run_id: str, fields: Sequence[str], note_field: str, note: str) -> Snapshot:
+        """A snapshot of ``fields`` (the run's workflow first), read in the same round trip as an
+        unguarded write of one field (worker/deferred.py: a phase noting that it starts). The write
+        comes after the read: the snapshot holds the field's value before it. The caller takes the
+        note back when the read shows it does not belong (see ``unnote``)."""
+        names = [fld.F_WORKFLOW, *fields, fld.F_COMPACT]
+        run = k.RunKeys.of(run_id).run
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(run, names)
+        pipe.hset(run, note_field, note)
+        values, _ = pipe.execute()
+        snap = Snapshot(run_id, loader=lambda more: self.hmget(run_id, more))
+        if values[-1] is None:
+            snap.fields.update(zip(names[:-1], values[:-1], strict=True))
+        else:  # compacted: read as hmget reads a compacted run
+            snap.fields.update(zip(names[:-1], self.hmget(run_id, names[:-1]), strict=True))
+        return snap
+
+    @wrap
+    def unnote(self, run_id: str, note_field: str, note: str, before: str | None) -> None:
+        """Take back the note ``read_noting`` wrote, unless another one replaced it since: the field
+        as it was before (deleted when it was absent, or when the run does not exist: unnote.lua)."""
+        self._call("unnote", [k.RunKeys.of(run_id).run], [note_field, note, before or "", fld.F_WORKFLOW])
 
     def snapshot(self, run_id: str, fields: Iterable[str] = ()) -> Snapshot:
         """A snapshot of the run that loads further fields on demand (check ``.exists``)."""

@@ -19,10 +19,13 @@ from taskloop.base import limits
 from taskloop.base.errors import InvalidCacheKey
 from taskloop.base.jsonvalue import canonical, dumps, lossless_problem
 from taskloop.core import events as ev
+from taskloop.core import fields as fld
 from taskloop.core.events import Event
 from taskloop.core.phases import ErrorRecord
+from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import TaskContext
 from taskloop.define.options import Cache
+from taskloop.define.tasks import Task
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.callbacks import error_record, invoke
@@ -136,3 +139,15 @@ def write_back(store: CacheStore, task: str, fingerprint_: str, value_raw: str, 
         log.warning("cache write failed for %s: %r", task, exc)
         return _event("failed", task, now, fingerprint=short, operation="write", error=f"{type(exc).__name__}: {exc}")
     return _event("stored", task, now, fingerprint=short)
+
+
+def store_outcome(task: Task, default: RedisStore, ttl_s: int, snap: Snapshot, data: dict[str, str],
+                  now: float) -> Event | None:
+    """Store the value a phase of a cached task accepted, under the fingerprint its lookup noted
+    (None: nothing was looked up for this activation)."""
+    assert task.cache is not None
+    fingerprint_ = snap.get(fld.fingerprint_field(task.key))
+    if fingerprint_ is None:
+        return None
+    return write_back(store_for(task.cache, default, ttl_s), task.key, fingerprint_, data[fld.value_field(task.key)],
+                      now)

@@ -26,16 +26,13 @@ from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import (
     CorruptRecord,
-    IncompatibleDefinition,
     LimitRefused,
     Superseded,
     TaskLoopError,
-    WorkflowNotRegistered,
 )
 from taskloop.connections import clients
 from taskloop.core import fields as fld
 from taskloop.core import outcomes
-from taskloop.core.batch import Batch
 from taskloop.core.events import Event
 from taskloop.core.outcomes import Outcome
 from taskloop.core.phases import (
@@ -51,14 +48,16 @@ from taskloop.core.rules import ENDING_FIELDS
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import Signal
 from taskloop.define.tasks import Task, TaskKind
-from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.define.workflow import Workflow
 from taskloop.ops import metrics
-from taskloop.runtime.commit import Sender, begin, commit, through_outage, write
+from taskloop.runtime.commit import Sender, begin, commit, through_outage
 from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
-from taskloop.worker import limiter, recovery
+from taskloop.worker import deferred as deferring
+from taskloop.worker import limiter, recovery, refusals
 from taskloop.worker.callbacks import build_context, call_phase, error_record, invoke, phase_fields
+from taskloop.worker.deferred import Deferred
 from taskloop.worker.handled import Handled, Result, handled_of
 from taskloop.worker.watcher import Watcher
 
@@ -84,6 +83,8 @@ class Executor:
         self.caps = settings.caps()
         self.cluster = clients.is_cluster(store.client)  # limits live in other slots: never taken in begin.lua
         self.hints = limiter.Hints()
+        self.slow: set[str | None] = set()  # message names whose every phase needs its begin first (deferred.py)
+        self.learned: dict[str | None, tuple[str, ...]] = {}  # per message name: what its outcome read besides
         self.name: str | None = None  # the current message's Celery name (<workflow>.<key>.<phase>)
         # set once the current message's callback was called: until then a store outage may hand
         # the message back to the queue (worker/tasks.py), since nothing ran yet
@@ -97,21 +98,17 @@ class Executor:
         self.name = name
         fields = self._fields(phase, key, round)
         presented = None if self.cluster else self.hints.presented(name, run_id, key, phase.value, round, token)
+        if presented is None and name not in self.slow:  # one plain read first (deferred.py)
+            handled = self._one_read(phase, run_id, key, round, token, fields)
+            if handled is not None:
+                return handled
         reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields,
                       presented.op if presented else None)
         snap = Snapshot(run_id, reply.fields, loader=lambda names: self.store.hmget(run_id, names))
-        if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
-            what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
-            log.warning("%s %r not found (never started, or expired); dropping %s round %s",
-                        what, run_id, phase.value, round)
-            self.store.incr_stat("dropped_unknown_run")
-            metrics.refused("unknown run")
-            return Handled(Result.DROPPED, reason=f"{what} not found")
-        try:
-            record = snap.record(key)
-        except CorruptRecord as exc:
-            return self._fail_corrupt(snap, key, str(exc))
-        assert record is not None
+        found = self._read(snap, key, phase, round)
+        if not isinstance(found, TaskRecord):
+            return found
+        record = found
         if presented is not None and reply.refused is not None:
             limiter.record_throttled(self.store, run_id, key, snap.raw_record(key) or "",
                                      snap.get(fld.throttle_field(key)), reply.refused, presented.waiter)
@@ -123,6 +120,47 @@ class Executor:
             snap.fields[fld.throttle_field(key)] = None  # begin.lua deleted it
             return self._began(snap, record, limiter.Holding(presented.held))
         return self._decide(snap, record, phase, round, token)
+
+    def _one_read(self, phase: Phase, run_id: str, key: str, round: int, token: int,
+                  fields: list[str]) -> Handled | None:
+        """The step on one read (deferred.py): the phase runs now, its begin written with its
+        outcome; or the full path decides on the same read; or None: begin.lua first (a budget or a
+        fleet limit, learned for the message name)."""
+        started = clock.now()
+        note = fld.started_field(key)
+        mine = deferring.note(token, self.worker, started)
+        snap = self.store.read_noting(run_id, deferring.read_fields(key, fields, self.learned.get(self.name, ())),
+                                      note, mine)
+        before = snap.fields.get(note)
+        read = self._read(snap, key, phase, round)
+        ready, outcome_reads = (deferring.Ready.DECIDE, ()) if not isinstance(read, TaskRecord) else \
+            deferring.ready(snap, key, phase, round, token, read)
+        if ready is not deferring.Ready.NOW:
+            self.store.unnote(run_id, note, mine, before)  # not this message's execution: the note goes back
+            if ready is deferring.Ready.BEGIN_FIRST:
+                self.slow.add(self.name)  # a budget or a fleet limit: begin.lua from now on
+                return None
+            return read if not isinstance(read, TaskRecord) else self._decide(snap, read, phase, round, token)
+        assert isinstance(read, TaskRecord)
+        self.learned[self.name] = outcome_reads  # read with the next message of this name
+        return self._run_deferred(snap, read, phase, token, started)
+
+    def _read(self, snap: Snapshot, key: str, phase: Phase, round: int) -> TaskRecord | Handled:
+        """The task's record as read with the message; a run or task that is not there is dropped,
+        and a record that does not parse fails its task."""
+        if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
+            what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
+            log.warning("%s %r not found (never started, or expired); dropping %s round %s",
+                        what, snap.run_id, phase.value, round)
+            self.store.incr_stat("dropped_unknown_run")
+            metrics.refused("unknown run")
+            return Handled(Result.DROPPED, reason=f"{what} not found")
+        try:
+            record = snap.record(key)
+        except CorruptRecord as exc:
+            return self._fail_corrupt(snap, key, str(exc))
+        assert record is not None
+        return record
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
         """What a message reads with its begin: the record's fields and the run's control flag first (begin.lua's
@@ -137,19 +175,7 @@ class Executor:
 
     # deciding -------------------------------------------------------------------------------
     def workflow_of(self, snap: Snapshot) -> Workflow:
-        name, version, fingerprint = snap.get(fld.F_WORKFLOW), snap.get(fld.F_VERSION), snap.get(fld.F_FINGERPRINT)
-        assert name is not None
-        try:
-            workflow = REGISTRY.get(name, version or None)
-        except WorkflowNotRegistered as exc:
-            raise WorkflowNotRegistered(f"{exc} [worker {self.worker}]") from None
-        if fingerprint and fingerprint != workflow.fingerprint:
-            raise IncompatibleDefinition(
-                f"run {snap.run_id} was started with another definition of workflow {name} v{version} "
-                f"(fingerprint {fingerprint}, this worker has {workflow.fingerprint}); deploy the same "
-                "definition to every worker, or give the changed workflow a new version"
-            )
-        return workflow
+        return recovery.workflow_for(snap, self.worker)
 
     def _definition(self, snap: Snapshot, record: TaskRecord) -> tuple[Workflow, Task] | Handled:
         """The workflow and task a record runs under; when the definition is not available here
@@ -178,6 +204,18 @@ class Executor:
         finally:
             self._release(holding)
 
+    def _run_deferred(self, snap: Snapshot, record: TaskRecord, phase: Phase, token: int, started: float) -> Handled:
+        """Run a prepared phase on the one read: its begin is written with its outcome (deferred.py)."""
+        found = self._definition(snap, record)
+        if isinstance(found, Handled):
+            return found
+        workflow, task = found
+        queued_raw = snap.raw_record(task.key)
+        assert queued_raw is not None
+        deferred = Deferred(self.store, snap.run_id, task.key, phase, record.round, token, self.worker, started,
+                            queued_raw)
+        return self._run(workflow, task, snap, deferring.begun(record, task, self.worker, started), deferred=deferred)
+
     def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
         """The full path: the message was not begun by begin.lua."""
         if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token:
@@ -190,6 +228,12 @@ class Executor:
                 return self._recover(snap, record)
             limiter.left_waiting(self.store, snap, record)
             return self._stale(snap, record, phase, round, token)
+        earlier = deferring.started(snap.get(fld.started_field(record.key)))
+        if earlier is not None and earlier.token == token and earlier.worker != self.worker:
+            ran = record.model_copy(update={"worker": earlier.worker, "began_at": earlier.at})
+            if recovery.execution_lost(self.store, snap.run_id, ran):  # it ran before its begin was written
+                return self._recover(snap, ran)
+            return self._stale(snap, record, phase, round, token)  # it runs there: this is a duplicate
         found = self._definition(snap, record)
         if isinstance(found, Handled):
             return found
@@ -304,7 +348,7 @@ class Executor:
 
     # running --------------------------------------------------------------------------------
     def _run(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
-             holding: limiter.Holding | None = None) -> Handled:
+             holding: limiter.Holding | None = None, deferred: Deferred | None = None) -> Handled:
         phase = record.phase
         assert phase is not None
         signal = Signal()
@@ -320,7 +364,7 @@ class Executor:
             outcome = outcomes.timeout(task, record) if reason == "timeout" else Outcome(EventKind.CANCEL,
                                                                                           cancelled=True)
             copy = Snapshot(snap.run_id, dict(snap.fields), loader=lambda names: self.store.hmget(snap.run_id, names))
-            handled = self._record(workflow, task, copy, record, outcome, signal)
+            handled = self._record(workflow, task, copy, record, outcome, signal, deferred=deferred)
             log.error("run %s task %s: %s %s ignored its %s signal past the grace period; recorded (%s)%s",
                       snap.run_id, task.key, phase.value, outcomes.step_name(task, record), reason,
                       handled.result.value, "; stopping this pool process" if hard_stop_allowed else "")
@@ -330,9 +374,9 @@ class Executor:
 
         try:
             self.calling = True
-            with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun, renew):
+            with self.watcher.watch(snap.run_id, task.key, raw, signal, record.deadline, overrun, renew, deferred):
                 outcome = call_phase(task, phase, ctx, snap, self.caps)
-            return self._record(workflow, task, snap, record, outcome, signal, holding)
+            return self._record(workflow, task, snap, record, outcome, signal, holding, deferred)
         finally:
             self._release(holding)
 
@@ -344,11 +388,19 @@ class Executor:
 
     # recording ------------------------------------------------------------------------------
     def _record(self, workflow: Workflow, task: Task, snap: Snapshot, begun: TaskRecord, outcome: Outcome,
-                signal: Signal | None = None, holding: limiter.Holding | None = None) -> Handled:
+                signal: Signal | None = None, holding: limiter.Holding | None = None,
+                deferred: Deferred | None = None) -> Handled:
         """Record the outcome of a running phase (resolved against the run as it is now), releasing
-        its limit slots in the same call."""
+        its limit slots in the same call. A deferred phase (deferred.py) is begun in the same write,
+        unless the watcher began it on the way."""
         key = task.key
-        begun_raw = snap.raw_record(key)
+        if deferred is not None:
+            mark = deferred.claim()
+            if mark is not None:  # begun by the watcher: recorded as any running phase
+                snap.forget(mark.fields)
+                snap.fields.update(mark.fields)
+                deferred = None
+        begun_raw = deferred.queued_raw if deferred is not None else snap.raw_record(key)
         write_back: list[Event | None] = []
         exec_info: dict[str, object] = {"worker": begun.worker, "began": begun.began_at, "execs": begun.execs,
                                         "attempt": begun.attempts}
@@ -363,8 +415,11 @@ class Executor:
             now = clock.now()
             resolved = outcomes.resolve(task, begun, outcome, signal.reason if signal else None, view.control, ended)
             if not write_back and task.cache is not None and resolved.kind in (EventKind.ACCEPT, EventKind.SUCCEED):
-                write_back.append(self._write_back(task, view, resolved))
+                write_back.append(caching.store_outcome(task, self.store, self.settings.cache_ttl_s, view,
+                                                        resolved.data, clock.now()))
             planner = Planner(workflow, view, now, self.settings)
+            if deferred is not None:
+                planner.admit(key, self.worker, task.timeout_ms, at=deferred.started)
             planner.exec_info[key] = {**exec_info, "took": round(ended - (begun.began_at or ended), 6)}
             planner.outcome(key, outcomes.phase_event(resolved, now, task), resolved.data,
                             [e for e in write_back if e is not None])
@@ -403,35 +458,12 @@ class Executor:
             limiter.leave(self.store, note)
         return handled_of(committed, task.key)
 
-    def _write_back(self, task: Task, snap: Snapshot, outcome: Outcome) -> Event | None:
-        assert task.cache is not None
-        fingerprint = snap.get(fld.fingerprint_field(task.key))
-        if fingerprint is None:
-            return None
-        store = caching.store_for(task.cache, self.store, self.settings.cache_ttl_s)
-        return caching.write_back(store, task.key, fingerprint, outcome.data[fld.value_field(task.key)], clock.now())
-
     # refusals and recovery ------------------------------------------------------------------
     def _stale(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
-        reason = (f"message for {phase.value} round {round} token {token} does not match the record "
-                  f"({record.state.value} round {record.round} token {record.token})")
-        log.info("run %r task %r: refused stale delivery: %s", snap.run_id, record.key, reason)
-        self._count_refusal(snap.run_id, "stale_deliveries")
-        metrics.refused("stale")
-        return Handled(Result.STALE, reason=reason)
+        return refusals.stale(self.store, snap.run_id, record, phase, round, token)
 
     def _superseded(self, snap: Snapshot, begun: TaskRecord) -> Handled:
-        log.warning("run %r task %r: phase was taken over while it ran (token %s); its outcome is discarded",
-                    snap.run_id, begun.key, begun.token)
-        self._count_refusal(snap.run_id, "stale_commits")
-        metrics.refused("superseded")
-        return Handled(Result.SUPERSEDED, reason="outcome of a superseded execution discarded")
-
-    def _count_refusal(self, run_id: str, name: str) -> None:
-        """A refused delivery is a counter, never an event; it never re-creates an expired run."""
-        self.store.incr_stat(name)
-        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists").expect(fld.F_COMPACT, None, "not compacted")
-        write(self.store, batch.incr(fld.stat_field(name), 1))
+        return refusals.superseded(self.store, snap.run_id, begun)
 
     def _recover(self, snap: Snapshot, record: TaskRecord) -> Handled:
         """Do the reconciler's work at once: queue a replay of the lost execution (or give up)."""
@@ -439,25 +471,7 @@ class Executor:
             workflow = self.workflow_of(snap)
         except TaskLoopError:
             return Handled(Result.STALE, reason="lost execution left to a worker that has the definition")
-        raw = snap.raw_record(record.key)
-
-        def plan(view: Snapshot) -> Planner:
-            if view.raw_record(record.key) != raw:
-                raise Superseded("recovered elsewhere")
-            planner = Planner(workflow, view, clock.now(), self.settings)
-            recovery.plan_recovery(planner, record, self.settings.max_executions)
-            return planner
-
-        try:
-            committed = commit(self.store, plan, snap, self.send)
-        except Superseded:
-            return Handled(Result.STALE, reason="the lost execution was recovered elsewhere")
-        after = committed.planner.tasks[record.key]
-        log.warning("run %r task %r: the execution of %s round %s by %s was lost; %s", snap.run_id, record.key,
-                    record.phase.value if record.phase else "-", record.round, record.worker,
-                    "giving up" if after.terminal else "replaying it")
-        return Handled(Result.RECOVERED, outcome=EventKind.FAIL if after.terminal else EventKind.EXPIRE,
-                       error=after.error)
+        return recovery.recover(self.store, self.settings, self.send, workflow, snap, record)
 
     def _fail_corrupt(self, snap: Snapshot, key: str, problem: str) -> Handled:
         """A record that does not parse fails its task before any callback runs on it."""
@@ -474,15 +488,7 @@ class Executor:
 
     def _abort(self, snap: Snapshot, error: ErrorRecord) -> Handled:
         """The run cannot go on here: end it failed with ``error`` (see recovery.py)."""
-        log.error("run %r: %s: %s; ending the run", snap.run_id, error.type, error.message)
-        workflow = recovery.placeholder_workflow(snap)
-
-        def plan(view: Snapshot) -> Planner:
-            planner = Planner(workflow, view, clock.now(), self.settings)
-            planner.abort(error)
-            return planner
-
-        commit(self.store, plan, snap, self.send)
+        recovery.abort_run(self.store, self.settings, self.send, snap, error)
         return Handled(Result.COMMITTED, outcome=EventKind.FAIL, error=error)
 
 

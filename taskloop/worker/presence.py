@@ -21,8 +21,9 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from taskloop.base import clock
-from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, WorkerInfo, gone_workers
+from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, RunningPhase, WorkerInfo, gone_workers
 from taskloop.store.redis_store import RedisStore
+from taskloop.worker.outage import phases_of
 
 log = logging.getLogger("taskloop.presence")
 
@@ -39,7 +40,32 @@ def held_ids() -> list[str]:
     raise RuntimeError("the worker's requests kept changing while the heartbeat read them")
 
 
-def describe(consumer: Any, node: str) -> WorkerInfo:
+class Seen:
+    """Since when this worker's heartbeats have seen each phase running (its pool's active
+    requests): the first heartbeat that listed it."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, str, int], float] = {}
+
+    def running(self, at: float) -> list[RunningPhase]:
+        for _ in range(10):  # the main thread may change the set while this thread reads it
+            try:
+                active = list(worker_state.active_requests)
+            except RuntimeError:
+                continue
+            break
+        else:
+            active = []
+        pids = {(p.run_id, p.key, p.token): getattr(r, "worker_pid", None)
+                for r in active for p in phases_of([r])}
+        now = {found: self._since.get(found, at) for found in pids}
+        self._since = now
+        return [RunningPhase(run_id=run_id, key=key, token=token, since=since,
+                             pid=pid if isinstance(pid := pids[(run_id, key, token)], int) else None)
+                for (run_id, key, token), since in sorted(now.items())]
+
+
+def describe(consumer: Any, node: str, seen: Seen | None = None) -> WorkerInfo:
     """This worker as its heartbeat tells it (read from Celery's consumer and worker state). The
     time is taken before the messages held are read: every message taken before it is among them."""
     at = clock.now()
@@ -48,7 +74,8 @@ def describe(consumer: Any, node: str) -> WorkerInfo:
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
     return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
-                      active=len(worker_state.active_requests), at=at, held=held_ids())
+                      active=len(worker_state.active_requests), at=at, held=held_ids(),
+                      running=(seen or Seen()).running(at))
 
 
 class Presence:
@@ -59,6 +86,7 @@ class Presence:
         self.consumer = consumer
         self.node = node
         self.every_s = every_s
+        self.seen = Seen()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="taskloop-presence", daemon=True)
 
@@ -69,7 +97,7 @@ class Presence:
     def beat(self, prune: bool = False) -> None:
         """One heartbeat; never raises (a Redis outage only makes this worker look gone for a while)."""
         try:
-            self.store.note_worker(self.node, describe(self.consumer, self.node).model_dump_json())
+            self.store.note_worker(self.node, describe(self.consumer, self.node, self.seen).model_dump_json())
             if prune:
                 self.store.forget_workers(*gone_workers(self.store.workers_seen(), clock.now()))
         except Exception as exc:

@@ -47,7 +47,7 @@ from taskloop.runtime.gates import settle_gates
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import census as census_module
-from taskloop.worker import outage, recovery
+from taskloop.worker import outage, recovery, unbegun
 from taskloop.worker.census import Census
 
 log = logging.getLogger("taskloop.reconciler")
@@ -72,6 +72,7 @@ class Report:
     orphans_restored: int = 0  # messages held by a worker that fell silent, given back to their queue
     compacted: int = 0  # finished runs rewritten as one compact record (store/compacted.py)
     census_resent: int = 0  # queued phases whose message was lost in the broker, sent again (worker/census.py)
+    unbegun_replayed: int = 0  # ran before their begin was written, on a silent or hung process (worker/unbegun.py)
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
@@ -90,6 +91,10 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     now = clock.now() if now is None else now
     report = Report()
     _after_restart(store, settings, send, report)
+    try:  # before the messages of silent workers go back: they come back stale then
+        report.unbegun_replayed = unbegun.recover(store, settings, send, now)
+    except TaskLoopError as exc:
+        log.warning("reconcile: the phases workers ran before their begin were not looked at: %s", exc)
     if restore is not None:
         try:
             report.orphans_restored = restore()
@@ -124,7 +129,8 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         if len(due) < limit:
             break
     store.trim_runs_index(now - settings.retention_s)
-    if report.examined or report.gates_cancelled or report.orphans_restored or report.census_resent:
+    if report.examined or report.gates_cancelled or report.orphans_restored or report.census_resent \
+            or report.unbegun_replayed:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
     metrics.reconciled(report)

@@ -13,20 +13,32 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
 
 from taskloop.base import clock
-from taskloop.base.errors import CorruptRecord, PhaseAbandoned
+from taskloop.base.config import Settings
+from taskloop.base.errors import (
+    CorruptRecord,
+    IncompatibleDefinition,
+    PhaseAbandoned,
+    Superseded,
+    WorkflowNotRegistered,
+)
 from taskloop.core import fields as fld
 from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskRecord, TaskStatus, active_state
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task, TaskKind
-from taskloop.define.workflow import Workflow
+from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.runtime.commit import Sender, commit
 from taskloop.runtime.fleet import ONLINE_WITHIN_S, WorkerInfo, heartbeats, holdings, node_of
 from taskloop.store.redis_store import RedisStore
+from taskloop.worker.handled import Handled, Result
+
+log = logging.getLogger("taskloop.executor")
 
 
 def process_gone(pid: int) -> bool:
@@ -107,8 +119,13 @@ def abandoned_error(record: TaskRecord, max_executions: int) -> ErrorRecord:
 
 
 def plan_recovery(planner: Planner, record: TaskRecord, max_executions: int) -> TaskRecord:
-    """Plan the replay of a running phase whose execution was lost (or give up on it)."""
+    """Plan the replay of a running phase whose execution was lost (or give up on it). A queued
+    record whose execution was lost before its begin was written (worker/deferred.py) is begun
+    first, where it began: that execution counts like any other."""
     now = planner.now
+    if record.slot is Slot.QUEUED:
+        began = record.began_at if record.began_at is not None else now
+        record = planner.move(record.key, PhaseEvent(EventKind.BEGIN, began, worker=record.worker))
     if record.execs >= max_executions:
         event = PhaseEvent(EventKind.FAIL, now, error=abandoned_error(record, max_executions))
     else:
@@ -116,6 +133,62 @@ def plan_recovery(planner: Planner, record: TaskRecord, max_executions: int) -> 
     planner.exec_info[record.key] = {"lost": True, "worker": record.worker, "began": record.began_at,
                                      "execs": record.execs, "attempt": record.attempts}
     return planner.outcome(record.key, event)
+
+
+def workflow_for(snap: Snapshot, worker: str) -> Workflow:
+    """The definition a run was started with, from this process's registry: WorkflowNotRegistered
+    when it is not imported here, IncompatibleDefinition when its fingerprint differs."""
+    name, version, fingerprint = snap.get(fld.F_WORKFLOW), snap.get(fld.F_VERSION), snap.get(fld.F_FINGERPRINT)
+    assert name is not None
+    try:
+        workflow = REGISTRY.get(name, version or None)
+    except WorkflowNotRegistered as exc:
+        raise WorkflowNotRegistered(f"{exc} [worker {worker}]") from None
+    if fingerprint and fingerprint != workflow.fingerprint:
+        raise IncompatibleDefinition(
+            f"run {snap.run_id} was started with another definition of workflow {name} v{version} "
+            f"(fingerprint {fingerprint}, this worker has {workflow.fingerprint}); deploy the same "
+            "definition to every worker, or give the changed workflow a new version"
+        )
+    return workflow
+
+
+def recover(store: RedisStore, settings: Settings, send: Sender, workflow: Workflow, snap: Snapshot,
+            record: TaskRecord) -> Handled:
+    """Queue a replay of a lost execution at once (or give up on it), as the reconciler would."""
+    raw = snap.raw_record(record.key)
+
+    def plan(view: Snapshot) -> Planner:
+        if view.raw_record(record.key) != raw:
+            raise Superseded("recovered elsewhere")
+        planner = Planner(workflow, view, clock.now(), settings)
+        plan_recovery(planner, record, settings.max_executions)
+        return planner
+
+    try:
+        committed = commit(store, plan, snap, send)
+    except Superseded:
+        return Handled(Result.STALE, reason="the lost execution was recovered elsewhere")
+    after = committed.planner.tasks[record.key]
+    log.warning("run %r task %r: the execution of %s round %s by %s was lost; %s", snap.run_id, record.key,
+                record.phase.value if record.phase else "-", record.round, record.worker,
+                "giving up" if after.terminal else "replaying it")
+    return Handled(Result.RECOVERED, outcome=EventKind.FAIL if after.terminal else EventKind.EXPIRE,
+                   error=after.error)
+
+
+def abort_run(store: RedisStore, settings: Settings, send: Sender, snap: Snapshot, error: ErrorRecord) -> None:
+    """The run cannot go on here: end it failed with ``error`` now (its definition is not
+    available, or it cannot be planned); its phases still in flight end cancelled as they come."""
+    log.error("run %r: %s: %s; ending the run", snap.run_id, error.type, error.message)
+    workflow = placeholder_workflow(snap)
+
+    def plan(view: Snapshot) -> Planner:
+        planner = Planner(workflow, view, clock.now(), settings)
+        planner.abort(error)
+        return planner
+
+    commit(store, plan, snap, send)
 
 
 def inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:

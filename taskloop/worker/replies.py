@@ -21,7 +21,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
+
+from taskloop.worker import pool_loss
 
 FAILED = "taskloop failed: "
 IGNORED = "taskloop ignored: "
@@ -51,7 +55,19 @@ def read(reply: Any) -> tuple[str, str] | None:
 
 
 class PhaseRequest(Request):  # type: ignore[misc]  # Celery is untyped
-    """Celery's request of a taskloop task: a failed or refused reply is announced as such."""
+    """Celery's request of a taskloop task: a failed or refused reply is announced as such, and the
+    phase of a pool process that died while it ran is replayed at once (worker/pool_loss.py)."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        lost = isinstance(exc, WorkerLostError) or (
+            isinstance(exc, (SystemExit, KeyboardInterrupt)) and not self._already_cancelled
+            and not self._already_revoked)
+        if lost:
+            pool_loss.replay(self.task.app, self.type, self.args, self.hostname, self.worker_pid)
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def send_event(self, type: str, **fields: Any) -> Any:
         found = read(fields.get("result")) if type == "task-succeeded" else None

@@ -7,6 +7,9 @@ For each running phase it:
   ``TASKLOOP_WATCH_INTERVAL_S``);
 - renews the phase's lease, guarded by the phase record: a worker whose phase was taken over
   learns it (its signal is set with reason ``superseded``);
+- writes the begin of a phase that runs before its begin is written (worker/deferred.py) once it
+  has run ``MARK_S``: from then on the phase holds a running lease, renewed as above; a begin that
+  is refused sets the signal (the run's reason, or ``superseded``);
 - calls the phase's ``overrun`` hook once when the callback ignored its signal for longer
   than the grace period (``TASKLOOP_TIMEOUT_GRACE_S`` after a deadline,
   ``TASKLOOP_CANCEL_GRACE_S`` after a cancel or stop): the executor records the outcome and
@@ -32,6 +35,7 @@ from taskloop.core.rules import control_reason
 from taskloop.define.context import Signal
 from taskloop.runtime.commit import write
 from taskloop.store.redis_store import Conflict, RedisStore
+from taskloop.worker.deferred import MARK_S, Deferred
 
 log = logging.getLogger("taskloop.watcher")
 
@@ -48,6 +52,7 @@ class _Watch:
     polled_at: float = 0.0
     overran: bool = False
     renew: Callable[[float], None] | None = None  # renews what else the phase holds until then (limit slots)
+    deferred: Deferred | None = None  # its begin is not written yet: written after MARK_S (deferred.py)
 
 
 class Watcher:
@@ -62,12 +67,13 @@ class Watcher:
 
     @contextmanager
     def watch(self, run_id: str, key: str, raw_record: str, signal: Signal, deadline: float | None,
-              overrun: Callable[[str], None], renew: Callable[[float], None] | None = None) -> Iterator[None]:
+              overrun: Callable[[str], None], renew: Callable[[float], None] | None = None,
+              deferred: Deferred | None = None) -> Iterator[None]:
         watch_id = next(self._ids)
         with self._lock:
             now = clock.now()
             self._watches[watch_id] = _Watch(run_id, key, raw_record, signal, deadline, overrun, now, polled_at=now,
-                                             renew=renew)
+                                             renew=renew, deferred=deferred)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="taskloop-watcher", daemon=True)
                 self._thread.start()
@@ -100,7 +106,25 @@ class Watcher:
             for watch in self._watches.values():
                 if watch.deadline is not None and not watch.signal.cancelled:
                     wait = min(wait, max(watch.deadline - now, 0.0))
+                if watch.deferred is not None and not watch.deferred.settled \
+                        and now < watch.deferred.started + MARK_S:  # after that, every interval (a retry)
+                    wait = min(wait, watch.deferred.started + MARK_S - now)
         return wait
+
+    def _mark(self, watch: _Watch, now: float) -> bool:
+        """Write the begin of a deferred phase that has run MARK_S; whether the phase holds its
+        running lease now (its renewals are then due as for any running phase)."""
+        deferred = watch.deferred
+        if deferred is None:
+            return True
+        if not deferred.settled and now - deferred.started >= MARK_S:
+            mark = deferred.mark()
+            if mark is not None:
+                watch.raw_record = mark.raw(watch.key)
+                watch.renewed_at = now
+            elif deferred.refused is not None:
+                watch.signal.set(deferred.refused)
+        return deferred.marked is not None
 
     def _check(self, watch: _Watch) -> None:
         now = clock.now()
@@ -113,7 +137,7 @@ class Watcher:
             if reason is not None:
                 watch.signal.set(reason)
         lease = self.settings.running_lease_s
-        if now - watch.renewed_at >= lease / 3:
+        if self._mark(watch, now) and now - watch.renewed_at >= lease / 3:
             until = lease_until(now, watch.deadline, lease, self.settings.timeout_grace_s)
             batch = Batch(watch.run_id).expect(fld.task_field(watch.key), watch.raw_record).lease(watch.key, until)
             if isinstance(write(self.store, batch), Conflict):

@@ -173,3 +173,22 @@ sleeper = tl.define_workflow("sleeper", version="1", tasks=[tl.define_task("nap"
 
 ephemeral = tl.define_workflow("ephemeral", version="1", delete_on_success=True,
                                tasks=[tl.define_task("once", run=lambda ctx: 1)])
+
+# --- a loop whose phases take as long as the input says (the one-call step) ---------------------
+
+
+def paced_attempt(ctx: tl.LoopContext, feedback: str | None) -> int:
+    record(ctx, "paced_calls", {"round": ctx.round, "phase": "attempt", "pid": os.getpid(), "at": time.time()})
+    ctx.signal.wait(float(ctx.input.get("hold_s", 0.0)))
+    return ctx.round
+
+
+def paced_check(ctx: tl.LoopContext, candidate: int) -> tl.LoopCheck:
+    record(ctx, "paced_calls", {"round": ctx.round, "phase": "check", "pid": os.getpid(), "at": time.time()})
+    ctx.signal.wait(float(ctx.input.get("hold_s", 0.0)))
+    return tl.LoopCheck(done=candidate >= int(ctx.input.get("rounds", 1)), feedback="again")
+
+
+paced = tl.define_workflow("paced", version="1", tasks=[
+    tl.define_loop_task("step", max_rounds=5, attempt=paced_attempt, check=paced_check),
+])

@@ -125,7 +125,7 @@ def test_an_ended_execution_is_cleared_in_the_hset_it_sends_anyway() -> None:
     batch = planner.batch()
     assert planner.tasks["b"].terminal and planner.tasks["b"].worker == "w2"  # who ran it last stays
     assert not set(fld.record_fields("b")[1:]) & set(batch.hset)  # unchanged: not written again
-    assert batch.hdel == [fld.begin_field("b")]
+    assert batch.hdel == [fld.begin_field("b"), fld.started_field("b")]  # one HDEL: the prepared begin, the start note
 
 
 def test_the_cost_of_a_phase_does_not_grow_with_its_run() -> None:
