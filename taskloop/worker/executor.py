@@ -123,9 +123,8 @@ class Executor:
 
     def _one_read(self, phase: Phase, run_id: str, key: str, round: int, token: int,
                   fields: list[str]) -> Handled | None:
-        """The step on one read (deferred.py): the phase runs now, its begin written with its
-        outcome; or the full path decides on the same read; or None: begin.lua first (a budget or a
-        fleet limit, learned for the message name)."""
+        """The step on one read (deferred.py): the phase runs now, or the full path decides on the
+        read, or None: begin.lua first (a budget or a fleet limit: learned for the message name)."""
         started = clock.now()
         note = fld.started_field(key)
         mine = deferring.note(token, self.worker, started)
@@ -136,7 +135,10 @@ class Executor:
         ready, outcome_reads = (deferring.Ready.DECIDE, ()) if not isinstance(read, TaskRecord) else \
             deferring.ready(snap, key, phase, round, token, read)
         if ready is not deferring.Ready.NOW:
-            self.store.unnote(run_id, note, mine, before)  # not this message's execution: the note goes back
+            # not this message's execution: the note goes, or back to the live execution's note
+            earlier = deferring.started(before)
+            live = isinstance(read, TaskRecord) and earlier is not None and earlier.token == read.token
+            self.store.unnote(run_id, note, mine, before if live else None)
             if ready is deferring.Ready.BEGIN_FIRST:
                 self.slow.add(self.name)  # a budget or a fleet limit: begin.lua from now on
                 return None
@@ -146,8 +148,7 @@ class Executor:
         return self._run_deferred(snap, read, phase, token, started)
 
     def _read(self, snap: Snapshot, key: str, phase: Phase, round: int) -> TaskRecord | Handled:
-        """The task's record as read with the message; a run or task that is not there is dropped,
-        and a record that does not parse fails its task."""
+        """The task's record as read; a run or task not there is dropped, a corrupt record failed."""
         if snap.fields[fld.F_WORKFLOW] is None or snap.fields[fld.task_field(key)] is None:
             what = "run" if snap.fields[fld.F_WORKFLOW] is None else f"task {key!r} of run"
             log.warning("%s %r not found (never started, or expired); dropping %s round %s",
@@ -163,10 +164,9 @@ class Executor:
         return record
 
     def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
-        """What a message reads with its begin: the record's fields and the run's control flag first (begin.lua's
-        convention), the definition's identity, the callback's data and, for a phase that may end
-        its task, the fields of the run's final status. (A prepared begin adds the dependents'
-        records that the phase's outcome will need.)"""
+        """What a message reads first: the record's fields and the control flag (begin.lua's order),
+        the definition's identity, the callback's data, and for a phase that may end its task the
+        fields of the run's final status."""
         fields = [*fld.record_fields(key), fld.F_CONTROL, fld.F_WORKFLOW, fld.F_VERSION, fld.F_FINGERPRINT,
                   fld.throttle_field(key), *phase_fields(phase, key, round)]
         if phase is not Phase.ATTEMPT:  # a check or a plain task may end its task, and then the run
