@@ -31,8 +31,10 @@ task_ignore_result = True
 worker_send_task_events = False
 task_send_sent_event = False
 
-# An unacknowledged message comes back after visibility_timeout. Keep it above the longest
-# timeout_ms of your tasks; taskloop's own leases and reconciler recover much sooner.
+# taskloop's workers consume with kombu's ack emulation off (forced: taskloop/connections/broker.py):
+# the broker keeps no copy of a message a worker took, and nothing comes back after a visibility
+# timeout. The store keeps every phase (records, leases, start notes), and what a worker that dies
+# held is sent again from it (docs/reliability.md, *Messages a worker holds*).
 broker_transport_options = {"visibility_timeout": 3600}
 
 task_default_queue = "taskloop"

@@ -170,7 +170,7 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     from taskloop.runtime.celery_app import PhaseSender, make_app
     from taskloop.store.redis_store import RedisStore
     from taskloop.worker.census import Census
-    from taskloop.worker.orphans import restore_orphans
+    from taskloop.worker.orphans import settle_orphans
     from taskloop.worker.reconciler import reconcile
 
     import_modules(imports)
@@ -180,7 +180,7 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     send = PhaseSender(app, settings.redis_url)
 
     def restore() -> int:
-        return restore_orphans(app, store)
+        return settle_orphans(app, store, settings, send)
 
     census = Census(app, store, settings, send)
 

@@ -24,15 +24,20 @@ FORGET_AFTER_S = 3600.0  # a worker gone without a word leaves tl:workers after 
 HOLD_MARGIN_S = 1.0  # a message taken this long before a heartbeat is in that heartbeat's ``held``
 
 
-class RunningPhase(BaseModel):
-    """A phase a worker's pool ran at a heartbeat: its message (run, task, token) and since when the
-    worker's heartbeats have seen it running (by the worker's clock)."""
+class Held(BaseModel):
+    """A taskloop message a worker held at a heartbeat (prefetched, waiting for a countdown or
+    running): its task and what it names, and since when its pool has run it (by the worker's
+    clock; None while it waits). The broker keeps no copy of a message a worker took (kombu's ack
+    emulation is off): when the worker falls silent, these are what the reconciler sends again
+    (taskloop/worker/orphans.py)."""
 
     model_config = ConfigDict(frozen=True)
+    task: str
     run_id: str
-    key: str
-    token: int
-    since: float
+    key: str | None = None  # a phase message's task key
+    token: int | None = None  # ... and its token
+    keys: list[str] = Field(default_factory=list)  # a taskloop.dispatch message's task keys
+    since: float | None = None
     pid: int | None = None  # the pool process that runs it
 
 
@@ -44,13 +49,12 @@ class WorkerInfo(BaseModel):
     queues: list[str] = Field(default_factory=list)
     active: int = 0  # tasks running on it at its last heartbeat
     at: float | None = None  # when it wrote that heartbeat
-    # the ids of every task message it held then (prefetched, waiting for a countdown or running):
-    # what the reconciler must not take back from it (taskloop/worker/orphans.py)
+    # the ids of every task message it held then (prefetched, waiting for a countdown or running)
     held: list[str] = Field(default_factory=list)
-    # the phases its pool processes ran then: a phase that runs before its begin is written
-    # (taskloop/worker/deferred.py) and does not get it written within the running lease is
-    # taken for hung (taskloop/worker/unbegun.py)
-    running: list[RunningPhase] = Field(default_factory=list)
+    # ... and those of taskloop's tasks, with what they name: what the reconciler sends again when it
+    # falls silent (taskloop/worker/orphans.py), what a census must not take for lost
+    # (taskloop/worker/census.py), and which phases it has run how long (taskloop/worker/unbegun.py)
+    messages: list[Held] = Field(default_factory=list)
 
 
 class LimitInfo(BaseModel):
@@ -137,14 +141,15 @@ def heartbeats(seen: dict[str, str]) -> dict[str, WorkerInfo]:
 
 @dataclass(frozen=True)
 class Holdings:
-    """What the live workers hold, as their heartbeats say: a message delivered before ``before``
-    (by its consumer's clock) and not in ``held`` belongs to no live worker. ``before`` is None
-    when no worker is live, or when the fleet's heartbeats are not settled yet (all of them are
-    older than a heartbeat period: the fleet is coming back from an outage of the store, and a
-    worker that has not written since then is not known to be gone)."""
+    """What the live workers hold, as their heartbeats say: a message a worker took before ``before``
+    (by its own clock) and still holds is in its heartbeat. ``before`` is None when no worker is
+    live, or when the fleet's heartbeats are not settled yet (all of them are older than a
+    heartbeat period: the fleet is coming back from an outage of the store, and a worker that has
+    not written since then is not known to be gone)."""
 
     before: float | None
-    held: frozenset[str]
+    phases: frozenset[tuple[str, str, int]]  # (run, key, token) of the phase messages held
+    dispatching: frozenset[str]  # runs with a taskloop.dispatch message held
     silent: frozenset[str]  # nodes that fell silent while the others went on
 
 
@@ -152,17 +157,19 @@ def holdings(beats: dict[str, WorkerInfo], now: float) -> Holdings:
     """Who is live and what they hold. A worker is taken for gone when its last heartbeat is more
     than ``ONLINE_WITHIN_S`` behind the freshest heartbeat of the fleet (not behind this reader's
     clock): after an outage of the store every heartbeat is old, and none of them is gone for
-    that. Each worker writes its heartbeat by its own clock, and its consumer scores the messages
-    it takes by that same clock, so ``before`` is the oldest live heartbeat, less a margin for a
-    message taken just before a heartbeat was read from Celery's state."""
+    that. ``before`` is the oldest live heartbeat, less a margin for a message taken just before a
+    heartbeat was read from Celery's state."""
     if not beats:
-        return Holdings(None, frozenset(), frozenset())
+        return Holdings(None, frozenset(), frozenset(), frozenset())
     freshest = max(info.at or 0.0 for info in beats.values())
     silent = frozenset(node for node, info in beats.items() if (info.at or 0.0) < freshest - ONLINE_WITHIN_S)
     live = [info for node, info in beats.items() if node not in silent]
     settled = now - freshest <= 2 * HEARTBEAT_S
     before = min(info.at or 0.0 for info in live) - HOLD_MARGIN_S if settled and live else None
-    return Holdings(before, frozenset(task_id for info in live for task_id in info.held), silent)
+    held = [m for info in live for m in info.messages]
+    return Holdings(before, frozenset((m.run_id, m.key, m.token) for m in held if m.key is not None
+                                      and m.token is not None),
+                    frozenset(m.run_id for m in held if m.keys), silent)
 
 
 def node_of(worker: str | None) -> str | None:

@@ -1,27 +1,28 @@
 """Phases whose message was lost inside the broker: found by a census and sent again within
 seconds, not after their queued lease.
 
-kombu's Redis transport takes a message with ``BRPOP`` and then records it in its ``unacked``
-hash. Redis removes the message when it answers the ``BRPOP``: if that answer never reaches the
-worker (a network that drops packets while Redis still holds the connection, a connection cut
-with an RST, a worker killed at that moment), the message is gone, from every queue and from
-every unacked entry. Its phase stayed queued until its queued lease (``TASKLOOP_QUEUED_LEASE_S``,
-300 s): the 1,000-fault soak at the shipped defaults saw it after black holes, RSTs and worker
-kills, and the phases of a loop then stalled for five minutes.
+kombu's Redis transport takes a message with ``BRPOP``, and with taskloop's settings (ack
+emulation off, connections/broker.py) keeps no copy of it: the worker holds it in memory, and its
+heartbeat lists it (worker/presence.py). Redis removes the message when it answers the ``BRPOP``:
+if that answer never reaches the worker (a network that drops packets while Redis still holds
+the connection, a connection cut with an RST, a worker killed at that moment), the message is
+gone. Its phase would stay queued until its queued lease (``TASKLOOP_QUEUED_LEASE_S``, 300 s):
+the 1,000-fault soak at the shipped defaults saw it after black holes, RSTs and worker kills.
 
 A queue is first in, first out (kombu pushes at its head and takes from its tail). So a message
-sent before the one now at the tail of its queue has been taken: it is in kombu's unacked hash
-(held by a worker, or given back to the queue by worker/orphans.py), or it is lost. A census
-reads when the tail message's phase was queued, then the queued phases of the live runs that were
-queued well before it (a margin for clocks and for a message sent just after its write), and
-sends again each one whose message is in no unacked entry and in no pending ``taskloop.dispatch``:
-a guarded REDISPATCH, with a new token, refused if the phase moved on meanwhile. A phase that
-waits for a fleet limit has no message on purpose and is left alone, and so is a phase of a queue
-that no live worker consumes (its message waits there), or of a queue whose tail cannot be dated
-(it is not a phase message, or its phase moved on).
+sent before the one at the tail of its queue at some moment had been taken by then: a worker
+holds it, or it is lost. Every reconcile pass dates each queue's tail (when the tail message's
+phase was queued); a census takes the latest dating that every live worker's last heartbeat is
+newer than, and then the queued phases of the live runs queued well before that tail (a margin
+for clocks and for a message sent just after its write): each one that no live worker's
+heartbeat lists, and that no pending ``taskloop.dispatch`` covers, is sent again (a guarded
+REDISPATCH, with a new token, refused if the phase moved on meanwhile). A phase that waits for a
+fleet limit has no message on purpose and is left alone, and so is a phase of a queue that no live
+worker consumes (its message waits there), or of a queue whose tail cannot be dated (it is not a
+phase message, or its phase moved on).
 
-The reconciler runs a census every ``CENSUS_S`` seconds and at once after it gave back the messages
-of a silent worker; a worker whose broker connection died takes one as soon as Redis answers again.
+The reconciler runs a census every ``CENSUS_S`` seconds and at once after it sent again what a
+silent worker held; a worker whose broker connection died takes one as soon as Redis answers again.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ from taskloop.base.config import Settings
 from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.phases import QUEUED_STATES
-from taskloop.core.snapshot import Snapshot
 from taskloop.runtime.commit import Sender
-from taskloop.runtime.fleet import heartbeats
+from taskloop.runtime.fleet import HEARTBEAT_S, heartbeats, holdings
 from taskloop.store.redis_store import RedisStore
+from taskloop.worker import recovery
+from taskloop.worker.deferred import started
+from taskloop.worker.handled import Result
 from taskloop.worker.outage import PHASE_TASKS, redispatch, workflow_of
 
 log = logging.getLogger("taskloop.census")
@@ -50,6 +53,7 @@ log = logging.getLogger("taskloop.census")
 CENSUS_S = 15.0  # at most this long between two censuses (the reconciler's passes)
 MARGIN_S = 5.0  # a phase is counted only if queued this long before the tail message's phase
 TAIL_LOOK = 5  # messages looked at from the tail of a queue to date it
+KEEP_OBSERVED = 12  # datings of the queues' tails kept (one per reconcile pass)
 PAGE = 500  # live runs read at a time
 DISPATCH_TASK = "taskloop.dispatch"
 
@@ -116,28 +120,39 @@ class Census:
         self.settings = settings
         self.send = send
         self.last = 0.0
+        self.observed: list[tuple[float, dict[str, float]]] = []  # (when, each queue's cutoff then)
 
     def due(self, now: float) -> bool:
         return now - self.last >= CENSUS_S
+
+    def observe(self, now: float | None = None) -> None:
+        """Date the tail of every queue now (each reconcile pass): a census compares the heartbeats
+        with cutoffs observed before them."""
+        now = clock.now() if now is None else now
+        beats = heartbeats(self.store.workers_seen())
+        queues = {self.app.conf.task_default_queue, *(queue for info in beats.values() for queue in info.queues)}
+        with self.app.connection_for_write() as connection:
+            channel = connection.default_channel
+            with channel.conn_or_acquire() as broker:
+                dated = {queue: self._tail(broker, queue, now) for queue in sorted(queues)}
+        self.observed.append((now, {queue: tail - MARGIN_S for queue, tail in dated.items() if tail is not None}))
+        del self.observed[:-KEEP_OBSERVED]
 
     def run(self, now: float | None = None) -> int:
         """One census; how many phases it sent again."""
         now = clock.now() if now is None else now
         self.last = now
-        queues = {self.app.conf.task_default_queue,
-                  *(queue for info in heartbeats(self.store.workers_seen()).values() for queue in info.queues)}
-        with self.app.connection_for_write() as connection:
-            channel = connection.default_channel
-            with channel.conn_or_acquire() as broker:
-                # each queue's cutoff: its messages sent before it have been taken from it
-                dated = {queue: self._tail(broker, queue, now) for queue in sorted(queues)}
-                cutoffs = {queue: tail - MARGIN_S for queue, tail in dated.items() if tail is not None}
-                if not cutoffs:
-                    return 0
-                taken = [read_message(raw) for raw in broker.hgetall(channel.qos.unacked_key).values()]
-        held: set[tuple[str, str | None, int | None]] = {(m.run_id, m.key, m.token) for m in taken
-                                                           if m is not None and m.key is not None}
-        covered = {m.run_id for m in taken if m is not None and m.task == DISPATCH_TASK}
+        if not self.observed or now - self.observed[-1][0] > HEARTBEAT_S:
+            self.observe(now)
+        hold = holdings(heartbeats(self.store.workers_seen()), now)
+        if hold.before is None:
+            return 0
+        # the tails dated before every live worker's last heartbeat: a message taken from its queue
+        # before then is in the heartbeat of the worker that holds it, or lost
+        usable = [cutoffs for at, cutoffs in self.observed if at <= hold.before]
+        if not usable or not usable[-1]:
+            return 0
+        cutoffs = usable[-1]
         resent = 0
         start = 0
         while True:
@@ -145,13 +160,13 @@ class Census:
             start += len(run_ids)
             rows = self.store.leases_of_runs(run_ids, max(cutoffs.values()) + self.settings.queued_lease_s)
             for run_id, keys in zip(run_ids, rows, strict=True):
-                if keys and run_id not in covered:
-                    resent += self._resend(run_id, keys, cutoffs, held)
+                if keys and run_id not in hold.dispatching:
+                    resent += self._resend(run_id, keys, cutoffs, hold.phases)
             if len(run_ids) < PAGE:
                 break
         if resent:
-            log.warning("census: sent again %d queued phase(s) whose message was lost in the broker (taken from "
-                        "its queue, held by no worker)", resent)
+            log.warning("census: sent again %d queued phase(s) whose message was lost (taken from its queue, held "
+                        "by no worker)", resent)
         return resent
 
     def _tail(self, broker: Any, queue: str, now: float) -> float | None:
@@ -177,9 +192,10 @@ class Census:
         return None
 
     def _resend(self, run_id: str, keys: list[str], cutoffs: dict[str, float],
-                held: set[tuple[str, str | None, int | None]]) -> int:
-        names = [fld.F_WORKFLOW, fld.F_VERSION, *map(fld.task_field, keys), *map(fld.throttle_field, keys)]
-        snap = Snapshot(run_id, dict(zip(names, self.store.hmget(run_id, names), strict=True)))
+                held: frozenset[tuple[str, str, int]]) -> int:
+        names = [fld.F_WORKFLOW, fld.F_VERSION, *map(fld.task_field, keys), *map(fld.throttle_field, keys),
+                 *map(fld.started_field, keys)]
+        snap = self.store.snapshot(run_id, names)  # later reads (a replay's write) load what they need
         workflow = workflow_of(snap)
         if workflow is None:
             return 0  # not imported here: its phases are left to their lease
@@ -196,7 +212,16 @@ class Census:
                     or (run_id, key, record.token) in held:
                 continue
             try:
-                resent += redispatch(self.store, self.settings, self.send, run_id, key, token=record.token)
+                note = started(snap.get(fld.started_field(key)))
+                if note is None or note.token != record.token:
+                    resent += redispatch(self.store, self.settings, self.send, run_id, key, token=record.token)
+                    continue
+                # its message was taken and its callback began (worker/deferred.py): replayed, and
+                # counted, if that execution is lost; left alone while its worker runs it
+                ran = record.model_copy(update={"worker": note.worker, "began_at": note.at})
+                if recovery.execution_lost(self.store, run_id, ran):
+                    resent += recovery.recover(self.store, self.settings, self.send, workflow, snap,
+                                               ran).result is Result.RECOVERED
             except TaskLoopError as exc:
                 log.warning("census: %s/%s not sent again: %s", run_id, key, exc)
         return resent

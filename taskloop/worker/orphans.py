@@ -1,73 +1,94 @@
-"""Messages whose worker is gone go back to their queue at once, not after kombu's visibility
-timeout.
+"""What a worker that fell silent held is sent again at once, from the store's records.
 
-With ``acks_late``, kombu's Redis transport keeps every message a worker has taken and not yet
-acknowledged in its ``unacked`` hash, scored in ``unacked_index`` by when it was taken, and puts
-such a message back in its queue only after the visibility timeout (an hour: longer than the
-longest phase). A worker that dies with its host (SIGKILL, out of memory, a lost node) held its
-prefetched phases until their queued lease (``TASKLOOP_QUEUED_LEASE_S``, 300 s) and its running
-ones until their running lease (``TASKLOOP_LEASE_S``, 30 s).
+taskloop's workers consume with kombu's ack emulation off (connections/broker.py): a message a
+worker takes leaves the broker, and the broker keeps no copy of it until it is acknowledged. The
+store is what keeps a phase: its record, its lease, its start note. A worker that dies with its
+host (SIGKILL, out of memory, a lost node) loses the messages it held; its heartbeat
+(worker/presence.py) lists each of them, with what it names, and the reconciler acts on that list
+once the worker has fallen silent while the others went on (runtime/fleet.py, ``holdings``):
 
-Every worker's heartbeat lists the ids of the messages it holds (worker/presence.py). A reconcile
-pass reads the heartbeats, then the unacked messages taken before the oldest live heartbeat: one
-that no live worker lists has no live holder, and kombu's own ``QoS.restore_by_tag`` puts it back
-at the front of its queue (one transaction, guarded against an acknowledgement meanwhile). A
-phase message that comes back this way is handled like any redelivery: it runs if its phase is
-still queued under its token, it is replayed if the record shows it running on a worker that
-fell silent (worker/recovery.py, ``execution_lost``), and it is refused as stale otherwise.
+- a **phase** still queued under the message's token is sent again (a REDISPATCH, a new token);
+  one whose start note says the silent worker began it is replayed, its lost execution counted;
+  one the record shows running on that worker is replayed (worker/recovery.py);
+- a **taskloop.dispatch** message: each of its phases still queued is sent again;
+- a **taskloop.start** of a run still pending: a new one is sent (planning it is idempotent);
+- a **taskloop.settle**: nothing, the reconciler settles a cancelled run's gates on every pass.
 
-Which workers are live is decided from the heartbeats alone (runtime/fleet.py, ``holdings``): a
-worker is gone when it fell silent while the others went on, and nothing is restored while the
-whole fleet's heartbeats are old (the store itself was away).
+Each of these is a guarded write, refused if the phase moved on meanwhile (a partitioned worker
+that comes back finds its messages stale). A message the worker took after its last heartbeat is
+in no list: the census finds its phase within seconds (worker/census.py), or its lease. The node
+is then dropped from the heartbeats, so that its list is acted on once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from taskloop.base import clock
-from taskloop.runtime.fleet import heartbeats, holdings
+from taskloop.base.config import Settings
+from taskloop.base.errors import CorruptRecord, TaskLoopError
+from taskloop.core import fields as fld
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, RunStatus
+from taskloop.runtime.celery_app import DISPATCH_TASK, START_TASK
+from taskloop.runtime.commit import Sender
+from taskloop.runtime.fleet import Held, heartbeats, holdings, node_of
 from taskloop.store.redis_store import RedisStore
+from taskloop.worker import recovery
+from taskloop.worker.deferred import started
+from taskloop.worker.handled import Result
+from taskloop.worker.outage import PHASE_TASKS, redispatch, workflow_of
 
 log = logging.getLogger("taskloop.orphans")
 
-PAGE = 1000  # unacked messages looked at per pass, oldest first
+
+def settle_orphans(app: Any, store: RedisStore, settings: Settings, send: Sender, now: float | None = None) -> int:
+    """Send again what the workers that fell silent held; how many messages were acted on."""
+    beats = heartbeats(store.workers_seen())
+    hold = holdings(beats, clock.now() if now is None else now)
+    acted = 0
+    for node in sorted(hold.silent):
+        messages = beats[node].messages
+        for held in messages:
+            try:
+                acted += _again(app, store, settings, send, node, held)
+            except (TaskLoopError, CorruptRecord) as exc:
+                log.warning("run %s: what silent worker %s held is left to the next pass (%s)", held.run_id, node, exc)
+                return acted  # the store is away or refuses: this node's list is looked at again
+        store.forget_workers(node)
+        log.warning("worker %s fell silent holding %d message(s); %d sent again from the store", node,
+                    len(messages), acted)
+    return acted
 
 
-def message_id(raw: bytes | str) -> str | None:
-    """The task id of an entry of kombu's ``unacked`` hash (``[payload, exchange, routing key]``)."""
-    try:
-        payload = json.loads(raw)[0]
-        task_id = payload["headers"]["id"]
-    except (ValueError, TypeError, KeyError, IndexError):
-        return None
-    return task_id if isinstance(task_id, str) else None
+def _again(app: Any, store: RedisStore, settings: Settings, send: Sender, node: str, held: Held) -> int:
+    if held.task in PHASE_TASKS and held.key is not None and held.token is not None:
+        return _phase_again(store, settings, send, node, held.run_id, held.key, held.token)
+    if held.task == DISPATCH_TASK:
+        return sum(redispatch(store, settings, send, held.run_id, key) for key in held.keys)
+    if held.task == START_TASK:
+        status = store.hmget(held.run_id, [fld.F_STATUS])[0]
+        if status == RunStatus.PENDING.value:
+            app.send_task(START_TASK, args=[held.run_id], ignore_result=True)
+            return 1
+    return 0
 
 
-def restore_orphans(app: Any, store: RedisStore, now: float | None = None, limit: int = PAGE) -> int:
-    """Put back in their queues the unacknowledged messages that no live worker holds; how many."""
-    hold = holdings(heartbeats(store.workers_seen()), clock.now() if now is None else now)
-    if hold.before is None:
+def _phase_again(store: RedisStore, settings: Settings, send: Sender, node: str, run_id: str, key: str,
+                 token: int) -> int:
+    snap = store.snapshot(run_id, [*fld.record_fields(key), fld.F_CONTROL, fld.F_VERSION, fld.F_FINGERPRINT,
+                                   fld.started_field(key)])
+    record = snap.record(key) if snap.exists else None
+    if record is None:
         return 0
-    restored = 0
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        qos = channel.qos
-        with channel.conn_or_acquire() as client:
-            tags = client.zrangebyscore(qos.unacked_index_key, "-inf", hold.before, start=0, num=limit)
-            if not tags:
-                return 0
-            for tag, raw in zip(tags, client.hmget(qos.unacked_key, tags), strict=True):
-                if raw is None:
-                    continue  # acknowledged since
-                task_id = message_id(raw)
-                if task_id is None or task_id in hold.held:
-                    continue
-                qos.restore_by_tag(tag, client=client)
-                restored += 1
-    if restored:
-        log.warning("gave %d message(s) back to their queues: no live worker holds them (their worker fell "
-                    "silent; silent now: %s)", restored, ", ".join(sorted(hold.silent)[:10]) or "none listed")
-    return restored
+    note = started(snap.get(fld.started_field(key)))
+    if record.state in QUEUED_STATES and record.token == token:
+        if note is None or note.token != token or node_of(note.worker) != node:
+            return int(redispatch(store, settings, send, run_id, key, token=token))
+        record = record.model_copy(update={"worker": note.worker, "began_at": note.at})  # it ran there
+    elif not (record.state in RUNNING_STATES and record.token == token + 1 and node_of(record.worker) == node):
+        return 0  # moved on
+    workflow = workflow_of(snap)
+    if workflow is None:
+        return 0  # not imported here: its lease replays it
+    return int(recovery.recover(store, settings, send, workflow, snap, record).result is Result.RECOVERED)

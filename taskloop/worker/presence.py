@@ -1,8 +1,9 @@
 """Worker presence: every worker's main process writes a heartbeat to the store every
 ``HEARTBEAT_S`` seconds (``tl:workers``: its node name, Celery main-process pid, pool size, the
-queues it consumes, how many phases it runs now and the ids of every message it holds), and
-removes it when it shuts down. A worker that falls silent while the others go on is taken for
-gone: the reconciler gives the messages it held back to the queue (worker/orphans.py).
+queues it consumes, how many phases it runs now and every message it holds, with what each of
+taskloop's names and since when its pool runs it), and removes it when it shuts down. A worker
+that falls silent while the others go on is taken for gone: the reconciler sends again what it
+held (worker/orphans.py).
 
 ``taskloop status``, the fleet exporter and the UI's fleet page read the workers from there
 (runtime/fleet.py) instead of asking them over Celery's remote control. Reading needs no more
@@ -21,9 +22,10 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from taskloop.base import clock
-from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, RunningPhase, WorkerInfo, gone_workers
+from taskloop.runtime.celery_app import DISPATCH_TASK, SETTLE_TASK, START_TASK
+from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, Held, WorkerInfo, gone_workers
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.outage import phases_of
+from taskloop.worker.outage import PHASE_TASKS
 
 log = logging.getLogger("taskloop.presence")
 
@@ -40,29 +42,47 @@ def held_ids() -> list[str]:
     raise RuntimeError("the worker's requests kept changing while the heartbeat read them")
 
 
+def _requests() -> tuple[list[Any], list[Any]]:
+    """The requests this worker holds (running ones second), read from Celery's worker state."""
+    for _ in range(10):  # the main thread may change these sets while this thread reads them
+        try:
+            return ([*worker_state.reserved_requests, *worker_state.scheduled_requests],
+                    list(worker_state.active_requests))
+        except RuntimeError:
+            continue
+    raise RuntimeError("the worker's requests kept changing while the heartbeat read them")
+
+
+def held_message(request: Any, since: float | None) -> Held | None:
+    """What a held request of one of taskloop's tasks names (None: not one, or malformed)."""
+    task, args = getattr(request, "type", None), tuple(getattr(request, "args", None) or ())
+    pid = getattr(request, "worker_pid", None) if since is not None else None
+    pid = pid if isinstance(pid, int) else None
+    if task in PHASE_TASKS and len(args) == 4 and isinstance(args[0], str) and isinstance(args[1], str) \
+            and type(args[3]) is int:
+        return Held(task=task, run_id=args[0], key=args[1], token=args[3], since=since, pid=pid)
+    if task == DISPATCH_TASK and len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], list):
+        return Held(task=task, run_id=args[0], keys=[str(key) for key in args[1]], since=since, pid=pid)
+    if task in (START_TASK, SETTLE_TASK) and len(args) == 1 and isinstance(args[0], str):
+        return Held(task=task, run_id=args[0], since=since, pid=pid)
+    return None
+
+
 class Seen:
-    """Since when this worker's heartbeats have seen each phase running (its pool's active
-    requests): the first heartbeat that listed it."""
+    """What this worker holds, for its heartbeats, and since when each running message has been
+    seen running (the first heartbeat that saw it in the pool)."""
 
     def __init__(self) -> None:
-        self._since: dict[tuple[str, str, int], float] = {}
+        self._since: dict[str, float] = {}
 
-    def running(self, at: float) -> list[RunningPhase]:
-        for _ in range(10):  # the main thread may change the set while this thread reads it
-            try:
-                active = list(worker_state.active_requests)
-            except RuntimeError:
-                continue
-            break
-        else:
-            active = []
-        pids = {(p.run_id, p.key, p.token): getattr(r, "worker_pid", None)
-                for r in active for p in phases_of([r])}
-        now = {found: self._since.get(found, at) for found in pids}
-        self._since = now
-        return [RunningPhase(run_id=run_id, key=key, token=token, since=since,
-                             pid=pid if isinstance(pid := pids[(run_id, key, token)], int) else None)
-                for (run_id, key, token), since in sorted(now.items())]
+    def messages(self, at: float) -> list[Held]:
+        waiting, running = _requests()
+        since = {request.id: self._since.get(request.id, at) for request in running
+                 if isinstance(getattr(request, "id", None), str)}
+        self._since = since
+        found = [held_message(r, None) for r in waiting if r not in running]
+        found += [held_message(r, since.get(getattr(r, "id", None), at)) for r in running]
+        return [held for held in found if held is not None]
 
 
 def describe(consumer: Any, node: str, seen: Seen | None = None) -> WorkerInfo:
@@ -75,7 +95,7 @@ def describe(consumer: Any, node: str, seen: Seen | None = None) -> WorkerInfo:
     queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
     return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
                       active=len(worker_state.active_requests), at=at, held=held_ids(),
-                      running=(seen or Seen()).running(at))
+                      messages=(seen or Seen()).messages(at))
 
 
 class Presence:

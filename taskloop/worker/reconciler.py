@@ -36,7 +36,7 @@ from taskloop.base.config import Settings, min_lease_s
 from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
@@ -44,6 +44,7 @@ from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Sender, commit, write
 from taskloop.runtime.gates import settle_gates
+from taskloop.runtime.starting import plan_pending
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import census as census_module
@@ -69,23 +70,24 @@ class Report:
     unknown_workflow: int = 0  # definition not importable here: left for a reconciler that has it
     redis_restarts: int = 0  # Redis restarted since the fleet's last pass (INFO run_id changed)
     resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
-    orphans_restored: int = 0  # messages held by a worker that fell silent, given back to their queue
+    orphans_restored: int = 0  # messages held by a worker that fell silent, sent again from the store
     compacted: int = 0  # finished runs rewritten as one compact record (store/compacted.py)
     census_resent: int = 0  # queued phases whose message was lost in the broker, sent again (worker/census.py)
+    planned: int = 0  # pending runs whose start was lost, planned here (runtime/starting.py)
     unbegun_replayed: int = 0  # ran before their begin was written, on a silent or hung process (worker/unbegun.py)
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
-Restore = Callable[[], int]  # gives the messages of silent workers back to their queues (worker/orphans.py)
+Restore = Callable[[], int]  # sends again what silent workers held (worker/orphans.py)
 
 
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
               limit: int = 500, batches: int = 20, restore: Restore | None = None,
               census: Census | None = None) -> Report:
     """One pass over the live runs that are due (``limit`` at a time, at most ``batches`` times),
-    after giving back the messages that workers gone silent held (``restore``) and, when one did
+    after sending again what workers gone silent held (``restore``) and, when one did
     or every CENSUS_S seconds, sending again the phases whose message was lost in the broker
     (``census``)."""
     now = clock.now() if now is None else now
@@ -101,6 +103,11 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         except Exception as exc:  # the broker may be away or refuse this user: the pass goes on
             log.warning("reconcile: the messages of silent workers were not looked at: %s: %s",
                         type(exc).__name__, exc)
+    if census is not None:
+        try:  # each pass dates the queues' tails; a census compares the heartbeats with an earlier dating
+            census.observe(now)
+        except Exception as exc:
+            log.warning("reconcile: the queues' tails were not dated: %s: %s", type(exc).__name__, exc)
     if census is not None and (report.orphans_restored or census.due(now)):
         try:
             report.census_resent = census.run(now)
@@ -190,6 +197,11 @@ def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, meta: Ru
         _reconcile_lease(store, settings, send, workflow, run_id, key, now, report)
     if workflow is not None and meta.control is not None and meta.control.startswith(CANCEL_PREFIX) and meta.paused:
         _cancel_gates(store, settings, send, workflow, run_id, report)
+    if workflow is not None and meta.stored_status == RunStatus.PENDING.value \
+            and now - meta.created > min_lease_s(settings):
+        # recorded by name and never planned: its taskloop.start was lost (a worker that died holding
+        # it, a message lost in the broker) or waits in a backlog; planning it twice plans it once
+        report.planned += plan_pending(store, send, run_id, settings) == "planned"
     if expired and workflow is None:
         return  # look again at the next pass: maybe another reconciler has the definition
     first = store.first_lease(run_id)

@@ -29,7 +29,7 @@ from taskloop.worker.executor import Executor
 from taskloop.worker.handled import Result
 from taskloop.worker.limiter import Drainer
 from taskloop.worker.logs import one_line_logs
-from taskloop.worker.orphans import restore_orphans
+from taskloop.worker.orphans import settle_orphans
 from taskloop.worker.presence import Presence
 from taskloop.worker.reconciler import ReconcilerThread, reconcile
 from taskloop.worker.shutdown import GracefulShutdown
@@ -140,7 +140,8 @@ def register(app: Celery) -> None:
         """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
         worker = executor(app, "beat")
         return str(reconcile(worker.store, worker.settings, worker.send,
-                             restore=lambda: restore_orphans(app, worker.store), census=beat_census(worker)))
+                             restore=lambda: settle_orphans(app, worker.store, worker.settings, worker.send),
+                             census=beat_census(worker)))
 
     # a message Celery's own handler chokes on is dropped, never fatal (taskloop/worker/consumer.py)
     app.conf.worker_consumer = "taskloop.worker.consumer:Consumer"
@@ -167,7 +168,7 @@ def register(app: Celery) -> None:
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
         sender = taskloop_app.PhaseSender(app, config.redis_url)
         thread = ReconcilerThread(store, config, sender, config.reconcile_interval_s,
-                                  restore=lambda: restore_orphans(app, store),
+                                  restore=lambda: settle_orphans(app, store, config, sender),
                                   census=Census(app, store, config, sender))
         thread.start()
         threads.append(thread)

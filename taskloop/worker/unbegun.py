@@ -1,19 +1,14 @@
-"""Phases that ran before their begin was written (worker/deferred.py) and whose execution is lost,
-found from the workers' heartbeats (worker/presence.py lists what each pool runs, and since when).
+"""Phases that ran before their begin was written (worker/deferred.py) on a process that hung,
+found from its worker's heartbeat (worker/presence.py lists what each pool runs, and since when).
 
-Such a phase holds no running lease yet: its record is still queued under its message's token, so
-neither the lease nor a redelivery tells that it ran. Two cases are looked at every reconcile pass:
-
-- its worker **fell silent** (killed with its host, stopped): the phase is replayed, its lost
-  execution counted, before the worker's messages go back to their queues (worker/orphans.py),
-  which then come back stale;
-- its worker is live, but its heartbeats have shown the phase running for longer than the running
-  lease (``TASKLOOP_LEASE_S``) and its begin was never written (the watcher writes it after
-  ``MARK_S``): the pool process is hung or stopped. It is replayed as a phase whose lease expired
-  would be; if the process wakes, its outcome is refused (its phase was taken over).
+Such a phase holds no running lease yet: its record is still queued under its message's token.
+When a live worker's heartbeats have shown it running for longer than the running lease
+(``TASKLOOP_LEASE_S``) and its begin was never written (the watcher writes it after
+``MARK_S``), its pool process is hung or stopped: it is replayed as a phase whose lease expired
+would be, and if the process wakes, its outcome is refused (its phase was taken over).
 
 A dead pool process on a live worker is handled at once by the worker's main process
-(worker/pool_loss.py).
+(worker/pool_loss.py); what a worker that fell silent held, by worker/orphans.py.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.phases import QUEUED_STATES
 from taskloop.runtime.commit import Sender
-from taskloop.runtime.fleet import RunningPhase, heartbeats, holdings
+from taskloop.runtime.fleet import Held, heartbeats, holdings
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import recovery
 from taskloop.worker.handled import Result
@@ -36,23 +31,24 @@ log = logging.getLogger("taskloop.unbegun")
 
 
 def recover(store: RedisStore, settings: Settings, send: Sender, now: float | None = None) -> int:
-    """Replay the lost executions of phases that ran before their begin was written; how many."""
+    """Replay the phases that hung processes of live workers ran before their begin was written."""
     beats = heartbeats(store.workers_seen())
     if not beats:
         return 0
     hold = holdings(beats, clock.now() if now is None else now)
     replayed = 0
     for node, info in beats.items():
-        for phase in info.running:
-            hung = info.at is not None and info.at - phase.since > settings.running_lease_s
-            if node in hold.silent or hung:
-                replayed += _replay(store, settings, send, node, phase, "fell silent" if node in hold.silent
-                                    else f"has run it for {info.at - phase.since:.0f} s without its begin"
-                                    if info.at is not None else "hung")
+        if node in hold.silent or info.at is None:
+            continue
+        for held in info.messages:
+            if held.since is not None and held.key is not None and info.at - held.since > settings.running_lease_s:
+                replayed += _replay(store, settings, send, node, held,
+                                    f"has run it for {info.at - held.since:.0f} s without its begin")
     return replayed
 
 
-def _replay(store: RedisStore, settings: Settings, send: Sender, node: str, phase: RunningPhase, why: str) -> int:
+def _replay(store: RedisStore, settings: Settings, send: Sender, node: str, phase: Held, why: str) -> int:
+    assert phase.key is not None
     try:
         snap = store.snapshot(phase.run_id, [*fld.record_fields(phase.key), fld.F_CONTROL, fld.F_VERSION])
         record = snap.record(phase.key) if snap.exists else None

@@ -218,8 +218,8 @@ def test_broker_sentinel() -> None:
     out = broker_settings("sentinel://:pw@s1:26379,s2:26380/2?master=mymaster&sentinel_password=sp", cfg(),
                           {"visibility_timeout": 3600})
     assert out["broker_url"] == "sentinel://:pw@s1:26379/2;sentinel://:pw@s2:26380/2"
-    assert out["broker_transport_options"] == {"visibility_timeout": 3600, "master_name": "mymaster",
-                                               "sentinel_kwargs": {"password": "sp"}}
+    assert out["broker_transport_options"] == {"visibility_timeout": 3600, "ack_emulation": False,
+                                               "master_name": "mymaster", "sentinel_kwargs": {"password": "sp"}}
     conn = kombu.Connection(out["broker_url"], transport_options=out["broker_transport_options"])
     assert conn.transport_cls == "sentinel" and conn.alt == out["broker_url"].split(";")
 

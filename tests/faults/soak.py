@@ -522,8 +522,8 @@ def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30,
         for problem in fleet:
             verdict.add("harness" if problem.startswith(("redis-kill", "harness")) else "fleet", problem)
         t_check = time.monotonic()
-        unacked: list[str] = cluster.soak_probe.hvals("unacked")  # type: ignore[assignment]
-        bad = malformed(verdict, driver.faults, [cluster.log(name) for name in cluster.workers], unacked)
+        bad = malformed(verdict, driver.faults, [cluster.log(name) for name in cluster.workers],
+                        [cluster.log(name) for name in cluster.retired])
         meta = {
             "seed": seed, "command": command or f"python -m tests.faults.soak --faults {faults} --seed {seed}",
             "cores": os.cpu_count(), "workers": workers, "concurrency": cluster.concurrency,

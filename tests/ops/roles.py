@@ -432,12 +432,19 @@ def worker_scenario(sc: Scenario) -> None:
         sc.ok("work without errors in the logs")
 
         # A warm shutdown (SIGTERM) with messages prefetched: they go back to the queue (kombu's
-        # restore: WATCH/MULTI on the unacked hash), the node's queue bindings are deleted and its
-        # subscriptions closed, with no error and no refusal (a refused clean-up leaves a dead
-        # node's binding behind in Redis for good).
+        # restore, from the worker's memory: ack emulation is off), the node's queue bindings are
+        # deleted and its subscriptions closed, with no error and no refusal (a refused clean-up
+        # leaves a dead node's binding behind in Redis for good).
         for _ in range(6):
             start_by_name(admin, "ops-slow", {})
-        within("(setup) messages prefetched", lambda: probe.hlen("unacked") >= 4, alive=alive)
+
+        def prefetched() -> list[tuple[str, str, int]]:  # what the worker's heartbeat says it holds, not run yet
+            beats = [json.loads(raw) for raw in probe.hvals("tl:workers")]
+            return [(m["run_id"], m["key"], m["token"]) for b in beats for m in b.get("messages", [])
+                    if m.get("since") is None and m.get("key")]
+
+        within("(setup) messages prefetched", lambda: len(prefetched()) >= 2, alive=alive)
+        waiting = set(prefetched())
         worker = sc.stack.replicas["worker"][0]
         assert worker.process is not None
         before, refused = len(worker.text()), len(acl_denials(probe, "worker"))
@@ -452,8 +459,18 @@ def worker_scenario(sc: Scenario) -> None:
         failures = log_failures(worker.text()[before:], "ERROR/", "CRITICAL/", "Traceback")
         if code != 0 or failures:
             raise Broken("warm shutdown", f"exit code {code}: " + " / ".join(failures[:3]))
-        if probe.hlen("unacked"):
-            raise Broken("warm shutdown", f"{probe.hlen('unacked')} prefetched messages were not handed back")
+        queued = {(m.run_id, m.key, m.token) for raw in probe.lrange("taskloop", 0, -1)
+                  if (m := census.read_message(raw)) is not None and m.key is not None}
+        def untaken(run_id: str, key: str, token: int) -> bool:  # still queued under it, and nobody began it
+            snap = admin.store.snapshot(run_id, [f"t:{key}", f"x:{key}"])
+            record = snap.record(key)
+            note = snap.get(f"x:{key}") or ""
+            return record is not None and record.token == token and not note.startswith(f"{token} ")
+
+        # each one is back in the queue, or another worker took it from there already
+        lost = [held for held in waiting - queued if untaken(*held)]
+        if lost:
+            raise Broken("warm shutdown", f"{len(lost)} prefetched messages were not handed back: {lost[:3]}")
         if len(acl_denials(probe, "worker")) != refused:
             raise Broken("warm shutdown", f"refused: {acl_denials(probe, 'worker')}")
         sc.ok("warm shutdown")

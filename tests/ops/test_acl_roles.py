@@ -47,7 +47,7 @@ pytestmark = pytest.mark.timeout(300)
 # One grant of each kind runs in CI (a command, a key pattern, a read-only key pattern, a channel);
 # the others of this list, with -m slow.
 REPRESENTATIVE = {
-    "worker": ["+persist", "+evalsha", "~unacked", "+watch"],
+    "worker": ["+persist", "+evalsha", "~taskloop*", "+brpop"],
     "client": ["~_kombu.binding.taskloop", "+blmove", "+zscan"],
     "monitor": ["%R~tl:*", "%R~taskloop*", "+xread"],
     "flower": ["&/0.celery.pidbox", "~celeryev.*"],

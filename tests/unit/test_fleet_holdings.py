@@ -1,6 +1,7 @@
 """Who is live and what the live workers hold, from their heartbeats alone (runtime/fleet.py
 ``holdings``), the silent-worker test of a redelivery (worker/recovery.py ``worker_silent``) and
-reading kombu's unacked entries (worker/orphans.py ``message_id``): pure logic, no Redis."""
+what a heartbeat says a held request names (worker/presence.py ``held_message``): pure logic, no
+Redis."""
 
 from __future__ import annotations
 
@@ -8,39 +9,43 @@ import json
 
 from taskloop.core.phases import Phase, Slot, TaskRecord, TaskStatus
 from taskloop.define.tasks import TaskKind
-from taskloop.runtime.fleet import HEARTBEAT_S, HOLD_MARGIN_S, ONLINE_WITHIN_S, WorkerInfo, holdings, node_of
-from taskloop.worker.orphans import message_id
+from taskloop.runtime.fleet import HEARTBEAT_S, HOLD_MARGIN_S, ONLINE_WITHIN_S, Held, WorkerInfo, holdings, node_of
+from taskloop.worker.presence import held_message
 from taskloop.worker.recovery import worker_silent
 
 
-def beat(node: str, at: float, *held: str) -> WorkerInfo:
-    return WorkerInfo(node=node, processes=2, at=at, held=list(held))
+def phase(run_id: str, token: int = 1) -> Held:
+    return Held(task="taskloop.attempt", run_id=run_id, key="work", token=token)
+
+
+def beat(node: str, at: float, *held: Held) -> WorkerInfo:
+    return WorkerInfo(node=node, processes=2, at=at, messages=list(held))
 
 
 def test_no_worker_means_nothing_is_known_held() -> None:
     hold = holdings({}, now=100.0)
-    assert hold.before is None and not hold.held and not hold.silent
+    assert hold.before is None and not hold.phases and not hold.silent
 
 
 def test_a_worker_silent_while_the_others_go_on_is_gone_and_its_messages_are_nobodys() -> None:
-    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 100.0 - ONLINE_WITHIN_S - 0.5, "m2")}
+    beats = {"a": beat("a", 100.0, phase("m1")), "b": beat("b", 100.0 - ONLINE_WITHIN_S - 0.5, phase("m2"))}
     hold = holdings(beats, now=101.0)
     assert hold.silent == {"b"}
-    assert hold.held == {"m1"}  # m2 is held by nobody live
+    assert hold.phases == {("m1", "work", 1)}  # m2 is held by nobody live
     assert hold.before == 100.0 - HOLD_MARGIN_S  # the oldest live heartbeat, less the margin
 
 
 def test_a_worker_a_little_behind_is_still_live() -> None:
-    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 100.0 - ONLINE_WITHIN_S + 0.5, "m2")}
+    beats = {"a": beat("a", 100.0, phase("m1")), "b": beat("b", 100.0 - ONLINE_WITHIN_S + 0.5, phase("m2"))}
     hold = holdings(beats, now=100.5)
-    assert not hold.silent and hold.held == {"m1", "m2"}
+    assert not hold.silent and hold.phases == {("m1", "work", 1), ("m2", "work", 1)}
     # a message b took after its last heartbeat is not in that heartbeat: the cut is before it
     assert hold.before == beats["b"].at - HOLD_MARGIN_S  # type: ignore[operator]
 
 
 def test_after_an_outage_of_the_store_every_heartbeat_is_old_and_nobody_is_gone() -> None:
     # Given heartbeats all written before a 60 s outage, read just after it
-    beats = {"a": beat("a", 100.0, "m1"), "b": beat("b", 99.0, "m2")}
+    beats = {"a": beat("a", 100.0, phase("m1")), "b": beat("b", 99.0, phase("m2"))}
     hold = holdings(beats, now=160.0)
     # Then nobody fell silent while the others went on, and nothing may be taken back yet
     assert not hold.silent
@@ -76,12 +81,28 @@ def test_a_worker_without_a_heartbeat_counts_as_silent_only_once_it_had_time_to_
     assert not worker_silent(record(None, None), beats, now=100.0)
 
 
-def test_the_task_id_of_an_unacked_entry() -> None:
-    payload = {"body": "W10=", "headers": {"id": "abc", "task": "taskloop.attempt"}, "properties": {}}
-    assert message_id(json.dumps([payload, "", "taskloop"])) == "abc"
-    assert message_id(json.dumps([payload, "", "taskloop"]).encode()) == "abc"
-    for broken in ("not json", json.dumps([]), json.dumps([{"headers": {}}]), json.dumps([{"headers": {"id": 3}}])):
-        assert message_id(broken) is None
+class Request:
+    """A stand-in for Celery's Request: what the heartbeat reads of one."""
+
+    def __init__(self, task: str, args: list, worker_pid: int | None = None) -> None:
+        self.type, self.args, self.worker_pid = task, args, worker_pid
+
+
+def test_what_a_heartbeat_says_each_held_request_names() -> None:
+    found = held_message(Request("taskloop.check", ["r1", "draft", 2, 7], 31), since=5.0)
+    assert found == Held(task="taskloop.check", run_id="r1", key="draft", token=7, since=5.0, pid=31)
+    waiting = held_message(Request("taskloop.run", ["r1", "k", 1, 3], 31), since=None)
+    assert waiting is not None and waiting.pid is None  # prefetched: no process runs it yet
+    assert held_message(Request("taskloop.dispatch", ["r2", ["a", "b"]]), None) == \
+        Held(task="taskloop.dispatch", run_id="r2", keys=["a", "b"])
+    assert held_message(Request("taskloop.start", ["r3"]), None) == Held(task="taskloop.start", run_id="r3")
+    for other in (Request("celery.chain", ["r1", "k", 1, 3]), Request("taskloop.check", ["r1", "k", 1, "3"]),
+                  Request("taskloop.check", ["r1", "k"]), Request("taskloop.start", [], None)):
+        assert held_message(other, None) is None
+    # a dispatch message's holder covers its run in a census
+    hold = holdings({"a": beat("a", 100.0, held_message(Request("taskloop.dispatch", ["r2", ["a"]]), None))},
+                    now=100.0)
+    assert hold.dispatching == {"r2"}
 
 
 def test_the_census_reads_phase_and_dispatch_messages_and_nothing_else() -> None:
