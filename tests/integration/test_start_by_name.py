@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -136,3 +137,28 @@ def test_by_name_the_same_run_id_is_idempotent_and_another_input_is_refused() ->
     found = _python(IDEMPOTENT_BY_NAME)
     assert found["same"] is True and found["status"] == "done"
     assert "already exists with another input ($.a: 1 (stored) vs 2 (given))" in found["refused"]
+
+
+def test_a_run_recorded_by_name_whose_start_was_lost_is_planned_by_the_reconciler(client, monkeypatch) -> None:
+    """A worker that died holding a taskloop.start, or a start lost in the broker: the run stays
+    pending until a reconcile pass more than 30 s after it was recorded plans it (runtime/starting.py
+    plan_pending, idempotent), here with the pass's clock moved on."""
+    from taskloop.base.config import settings
+    from taskloop.runtime.celery_app import PhaseSender
+    from taskloop.worker.reconciler import reconcile
+
+    # Given a run recorded by name whose taskloop.start message never left the client
+    monkeypatch.setattr(client.app, "send_task", lambda *a, **kw: None)
+    from taskloop.define.workflow import REGISTRY
+
+    monkeypatch.setattr(REGISTRY, "has", lambda name, version=None: False)  # as a service that never imported it
+    run = client.start("core", {"lost": True}, run_id=f"lost-start-{uuid.uuid4().hex}")
+    monkeypatch.undo()
+    assert client.inspect(run.run_id).status == "pending"
+    # When a reconcile pass looks at it within 30 s: nothing; after: it is planned, and runs
+    early = reconcile(client.store, settings(), PhaseSender(client.app, settings().redis_url))
+    assert early.planned == 0 and client.inspect(run.run_id).status == "pending"
+    later = reconcile(client.store, settings(), PhaseSender(client.app, settings().redis_url), now=time.time() + 31.0)
+    assert later.planned == 1
+    result = run.wait(timeout=30)
+    assert result.status == "done" and result.values["publish"] is not None
