@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 
+from taskloop.base import clock
 from taskloop.core import fields as fld
 from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, TaskRecord, active_state, advance
 from taskloop.core.rules import control_reason
@@ -85,7 +86,8 @@ def ready(snap: Snapshot, key: str, phase: Phase, round: int, token: int,
     """Whether the message, the record and the run let this phase run now without a begin of its
     own (what begin.lua checks, in Python, on the one read), and the fields its outcome will read
     besides (its dependents' records, which the prepared begin names)."""
-    if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token:
+    if record.state is not active_state(phase, Slot.QUEUED) or record.round != round or record.token != token \
+            or record.overdue(clock.now()):  # the round ran out while it was queued: recorded as a timeout
         return Ready.DECIDE, ()
     if snap.fields.get(fld.F_CONTROL) is not None or snap.fields.get(fld.throttle_field(key)) is not None:
         return Ready.DECIDE, ()

@@ -99,3 +99,8 @@ def test_the_record_a_deferred_phase_runs_as_is_what_begin_lua_would_write() -> 
     prepared = json.loads(prepared_begin(LOOP, record, SETTINGS) or "{}")
     assert begun.dump() == prepared["rec"]  # the same JSON: the watcher's mark and the commit agree
     assert (begun.worker, begun.began_at, begun.attempts, begun.execs) == ("w1@host/12", 5.0, 1, 1)
+
+
+def test_a_round_that_ran_out_while_queued_goes_to_the_full_path() -> None:
+    record = _queued(LOOP).model_copy(update={"deadline": 1.0})  # long past
+    assert deferred.ready(_snap(LOOP, record), "l", Phase.ATTEMPT, 1, record.token, record)[0] is Ready.DECIDE
