@@ -75,6 +75,11 @@ def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
 
+def commands(r: redis.Redis) -> int:
+    """Every command Redis has run so far (the commands inside scripts too, as bench/run.py counts)."""
+    return sum(int(v["calls"]) for name, v in r.info("commandstats").items() if name != "cmdstat_info")
+
+
 def settle(r: redis.Redis) -> int:
     """used_memory once it stops moving (the worker's last acks and the reconciler's writes)."""
     last = used_memory(r)
@@ -176,7 +181,9 @@ class Bench:
         ended = settle(self.r)
         ended_sizes = key_sizes(self.r, ids)
         inspect_live = self.inspect_ms(ids)
+        calls_before = commands(self.r)
         took = self.compact_all()
+        end_commands = (commands(self.r) - calls_before) / n
         after = settle(self.r)
         per_run = (after - before) / n
         inspect_compacted = self.inspect_ms(ids)
@@ -188,6 +195,7 @@ class Bench:
                 "compacted: per task bytes": round(per_run / tasks),
                 **{f"compacted: {label}": value for label, value in key_sizes(self.r, ids).items()},
                 "compaction pass seconds": round(took, 2),
+                "compaction pass: Redis commands per run (forget, count, compact)": round(end_commands, 2),
                 "inspect ms, as ended": inspect_live, "inspect ms, compacted": inspect_compacted,
                 **({"fork ms, compacted": fork} if fork is not None else {}),
                 "tl:runs bytes per entry": round(int(self.r.memory_usage("tl:runs", samples=0) or 0)

@@ -110,11 +110,16 @@ def compare(systems: list[System], mode: str, n: int, repeats: int) -> dict[str,
 
 
 def latency(systems: list[System], runs: int) -> dict[str, Any]:
+    """Blocks of ten loops per system, interleaved and in alternating order, so that the machine's
+    drift over the section hits every system alike (as the throughput figures' repeats do)."""
     found: dict[str, list[float]] = {s.name: [] for s in systems}
-    for system in systems:
-        with alone(system, systems):
-            for _ in range(runs):
-                found[system.name].append(system.one_latency())
+    block = 10
+    for i in range(max(1, runs // block)):
+        for system in systems if i % 2 == 0 else systems[::-1]:
+            with alone(system, systems):
+                system.one_latency()  # not counted: the first loop after the system was paused
+                for _ in range(block):
+                    found[system.name].append(system.one_latency())
     out: dict[str, Any] = {}
     for name, values in found.items():
         ordered = sorted(values)

@@ -6,6 +6,7 @@ into RedisStore, whose client and URL they use."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -63,11 +64,14 @@ class Indexes:
         """Count finished runs in the fleet counters (as the reconciler forgets them)."""
         if not metas:
             return
-        pipe = self.client.pipeline(transaction=False)
+        counts: Counter[str] = Counter()
         for meta in metas:
             termination = meta.termination.value if meta.termination else ""
             planned = meta.fingerprint is not None  # set when a worker plans the run (or forks it)
-            pipe.hincrby(k.STATS, fld.finished_stat(meta.workflow, meta.stored_status, termination, planned), 1)
+            counts[fld.finished_stat(meta.workflow, meta.stored_status, termination, planned)] += 1
+        pipe = self.client.pipeline(transaction=False)
+        for stat, n in counts.items():  # one HINCRBY per counter, not per run
+            pipe.hincrby(k.STATS, stat, n)
         pipe.execute()
 
     @wrap
@@ -214,12 +218,15 @@ class Indexes:
     @wrap
     def relist(self, finished: Sequence[tuple[str, str, str, float]]) -> None:
         """Make the run lists agree with finished runs ``(run_id, workflow, status, created)``, as the
-        reconciler takes them off the live index: whatever a write did not list (a crash between a
-        Cluster's script and its lists) is listed now, and the workflows are named for trimming."""
+        reconciler takes them off the live index: on a Cluster, whatever a write did not list (a crash
+        between the script and its lists) is listed now; everywhere, the workflows are named for
+        trimming."""
         if not finished:
             return
         pipe = self.client.pipeline(transaction=False)
-        for run_id, workflow, status, created in finished:
+        # On one Redis every write lists its run in the same script call (cas.lua "k"): the lists
+        # cannot lag behind the run, and only the workflows are named (one command per batch).
+        for run_id, workflow, status, created in finished if clients.is_cluster(self.client) else ():
             for live in LIVE_STATUSES:
                 pipe.zrem(k.run_list(Listed(None, live, None)), run_id)
                 pipe.zrem(k.run_list(Listed(workflow, live, None)), run_id)

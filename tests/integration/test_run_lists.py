@@ -125,20 +125,22 @@ def test_bad_page_arguments_name_the_argument(client) -> None:
         client.run_page(prefix="<script>")
 
 
-def test_the_reconciler_lists_a_finished_run_that_a_write_did_not(client, probe, redis_server) -> None:
-    # Given a finished run whose lists were left behind (as a crash between a Cluster's script and
-    # its lists would leave them), still on the live index
-    run_id = f"lists-repair-{time.time_ns()}"
+def test_on_one_redis_the_finishing_write_lists_the_run_and_the_reconciler_leaves_the_lists(
+        client, probe, redis_server) -> None:
+    # Given a run that finished on one Redis, where its finishing write moved it between the lists
+    # in the same script call (a Cluster's repair, ``relist``, is tested in tests/connections/test_cluster.py)
+    run_id = f"lists-one-redis-{time.time_ns()}"
     assert client.start(flows.core, input={"target": 11}, run_id=run_id).wait(timeout=30).status == "done"
     created = _created(probe, run_id)
-    probe.zrem("tl:runs:s:done", run_id)
-    probe.zrem("tl:runs:w:core:s:done", run_id)
+    listed = {"tl:runs": created, "tl:runs:w:core": created, "tl:runs:s:done": created, "tl:runs:w:core:s:done": created}
+    assert _lists(probe, run_id, "core") == listed
+    # When the reconciler takes it off the live index (a list left wrong on purpose shows whether
+    # the pass rewrites the lists)
     probe.zadd("tl:runs:s:running", {run_id: created})
-    probe.zadd("tl:runs:w:core:s:running", {run_id: created})
     probe.zadd(k.LIVE_INDEX, {run_id: 0})
-    # When the reconciler takes it off the live index
     reconcile(client.store, settings(), PhaseSender(client.app))
-    # Then its lists agree with its status again, and its workflow is named for trimming
-    assert _lists(probe, run_id, "core") == {
-        "tl:runs": created, "tl:runs:w:core": created, "tl:runs:s:done": created, "tl:runs:w:core:s:done": created}
+    # Then it writes no list of the run (no per-run list commands on one Redis), it still names the
+    # workflow for trimming, and the run is off the live index
+    assert _lists(probe, run_id, "core") == {**listed, "tl:runs:s:running": created}
     assert "core" in probe.smembers(k.LISTED_WORKFLOWS)
+    assert probe.zscore(k.LIVE_INDEX, run_id) is None

@@ -22,8 +22,10 @@ if redis.call('EXISTS', leases) == 1 then return 0 end
 local ttl = redis.call('PTTL', run)
 redis.call('DEL', run, events, endlist)
 redis.call('HSET', run, ARGV[6], '1', unpack(ARGV, 7))
-redis.call('SET', compact, ARGV[5])
 if ttl > 0 then
-  for _, key in ipairs({run, compact}) do redis.call('PEXPIRE', key, ttl) end
+  redis.call('SET', compact, ARGV[5], 'PX', ttl)
+  redis.call('PEXPIRE', run, ttl)
+else
+  redis.call('SET', compact, ARGV[5])
 end
 return 1
