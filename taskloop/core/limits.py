@@ -21,6 +21,7 @@ from taskloop.define.limits import Concurrency, Limit, RateLimit
 
 MAX_VALUE_CHARS = 100  # a longer key value is stored as its digest (it names Redis keys)
 RESENT_S = 5.0  # limits.lua: a waiter sent again less than this long ago is on its way
+WAKE_SCAN = 2000  # limits.lua: how far into its wait queue a wake looks
 GONE_S = 120.0  # limits.lua: a waiter sent again this long ago that never came back is gone
 
 
@@ -206,8 +207,9 @@ class Model:
         if self.spec.kind == "conc" and holder:
             self.held.pop(holder, None)
         room, _ = self._room(now)
+        starts = self.spec.kind == "rate" and not self.spec.tokens
         picked: list[str] = []
-        for member in self._order()[:100]:
+        for member in self._order()[:WAKE_SCAN]:
             if room <= 0:
                 break
             last = self.sent.get(member)
@@ -217,9 +219,11 @@ class Model:
             if last is None or now - last >= RESENT_S:
                 picked.append(member)
                 self.sent[member] = now
-                if self.spec.kind == "rate" and not self.spec.tokens and not any(m == member for _, _, m in self.uses):
+                if starts and not any(m == member for _, _, m in self.uses):
                     self.uses.append((now, 1, member))  # its start counts now (limits.lua wake)
-            room -= 1
+                room -= 1
+            elif not (starts and any(m == member and t > now - self.spec.per_s for t, _, m in self.uses)):
+                room -= 1  # on its way, and what it will take is not counted yet
         return picked
 
     def report(self, now: float, tokens: int, member: str = "") -> None:

@@ -87,3 +87,32 @@ def test_a_call_with_an_earlier_clock_cannot_overfill_a_window(store: RedisStore
     starts = sorted(admitted.values())
     assert all(sum(1 for x in starts if s - 1.0 < x <= s) <= 2 for s in starts), admitted
     _clear(store, spec.name, spec.value)
+
+
+def test_a_wake_counts_a_waiter_on_its_way_once(store: RedisStore) -> None:
+    """A rate limit counts a waiter's start when a wake picks it. While its message is on its way
+    back to a worker, a later wake sees that start in the window already: it takes no room a
+    second time, and the room left goes to the next waiters (before, a window that reopened while
+    the waiters picked earlier were on their way was left partly unused)."""
+    spec = Spec("rate", "on-the-way", rate=6, per_s=1.0)
+    _clear(store, spec.name, spec.value)
+    model = Model(spec)
+    t = 3_000_000.0
+
+    def member(who: str) -> str:
+        return Waiter(who, "t", "run", 1, 1, "wf").member()
+
+    for who, at in (("a0", t), ("a1", t), *((f"a{i}", t + 0.5) for i in range(2, 6))):
+        assert store.acquire([spec], member(who), f"{who}|t", at + 5, at).admitted
+        assert model.acquire(at, member(who), f"{who}|t", at + 5)
+    for i in range(1, 7):  # six phases find the window full and wait
+        assert not store.acquire([spec], member(f"w{i}"), f"w{i}|t", t + 5.6, t + 0.6).admitted
+        assert not model.acquire(t + 0.6, member(f"w{i}"), f"w{i}|t", t + 5.6)
+    # a0 and a1 leave the window: two waiters are picked, and their starts count at once
+    assert store.wake([spec], t + 1.05) == model.wake(t + 1.05) == [member("w1"), member("w2")]
+    # a2..a5 leave: four more fit beside w1 and w2, which are still on their way
+    picked = [member(f"w{i}") for i in range(3, 7)]
+    assert store.wake([spec], t + 1.55) == model.wake(t + 1.55) == picked
+    use = k.LimitKeys.of(spec.name, spec.value).use
+    assert store.client.zcount(use, f"({t + 0.55!r}", "+inf") == 6  # the window holds its rate, no more
+    _clear(store, spec.name, spec.value)

@@ -51,6 +51,7 @@ local function limit_op(KEYS, ARGV)
   for i, _ in ipairs(specs) do redis.call('HSET', KEYS[6 * (i - 1) + 5], 'clock', string.format('%.6f', now)) end
   local RESENT_S = 5    -- a waiter sent again less than this long ago is on its way: not sent twice
   local GONE_S = 120    -- a waiter sent again this long ago that never came back is gone (ended elsewhere)
+  local WAKE_PAGE, WAKE_SCAN = 100, 2000  -- a wake reads its wait queue in pages, at most this far
 
   local function keys_of(i)
     local b = 6 * (i - 1)
@@ -169,26 +170,41 @@ local function limit_op(KEYS, ARGV)
       local cfg, use, wait, sent = keys_of(i)
       if spec.k == 'conc' and holder ~= '' then redis.call('ZREM', use, holder) end
       local _, _, room, again = state(spec, cfg, use)
-      local waiting = redis.call('ZRANGE', wait, 0, 99)
+      local starts = spec.k ~= 'conc' and spec.u ~= 'tokens'
+      local _, per = numbers(spec, cfg)
       local sent_now, on_the_way = 0, false
-      for _, m in ipairs(waiting) do
-        if room <= 0 then break end
-        local last = tonumber(redis.call('HGET', sent, m))
-        if last and now - last > GONE_S then
-          redis.call('ZREM', wait, m)  -- sent again long ago and never came back: it ended elsewhere
-          redis.call('HDEL', sent, m)
-        else
-          if not last or now - last >= RESENT_S then
+      -- the oldest waiters first, a page at a time, until the room is taken (or WAKE_SCAN looked at)
+      local from = 0
+      while room > 0 and from < WAKE_SCAN do
+        local waiting = redis.call('ZRANGE', wait, from, from + WAKE_PAGE - 1)
+        if #waiting == 0 then break end
+        from = from + #waiting
+        for _, m in ipairs(waiting) do
+          if room <= 0 then break end
+          local last = tonumber(redis.call('HGET', sent, m))
+          if last and now - last > GONE_S then
+            redis.call('ZREM', wait, m)  -- sent again long ago and never came back: it ended elsewhere
+            redis.call('HDEL', sent, m)
+            from = from - 1
+          elseif not last or now - last >= RESENT_S then
             table.insert(picked, m)
             sent_now = sent_now + 1
             redis.call('HSET', sent, m, string.format('%.6f', now))
             -- a rate limit counts the start now, when the window has room for it, not when its
             -- message has come back to a worker: the window's room is used as soon as it reopens
-            if spec.k ~= 'conc' and spec.u ~= 'tokens' then redis.call('ZADD', use, 'NX', now, m) end
+            if starts then redis.call('ZADD', use, 'NX', now, m) end
+            room = room - 1
           else
             on_the_way = true
+            -- on its way: a slot, or tokens, it will take when it arrives; a start the window
+            -- still counts (the wake that picked it added it) takes no room twice
+            local counted = false
+            if starts then
+              local at = redis.call('ZSCORE', use, m)
+              counted = at ~= false and tonumber(at) > now - per
+            end
+            if not counted then room = room - 1 end
           end
-          room = room - 1
         end
       end
       -- when to look again: soon while some are on their way (they start, or wait again and say when
