@@ -132,7 +132,8 @@ def test_on_one_redis_the_finishing_write_lists_the_run_and_the_reconciler_leave
     run_id = f"lists-one-redis-{time.time_ns()}"
     assert client.start(flows.core, input={"target": 11}, run_id=run_id).wait(timeout=30).status == "done"
     created = _created(probe, run_id)
-    listed = {"tl:runs": created, "tl:runs:w:core": created, "tl:runs:s:done": created, "tl:runs:w:core:s:done": created}
+    listed = {"tl:runs": created, "tl:runs:w:core": created, "tl:runs:s:done": created,
+              "tl:runs:w:core:s:done": created}
     assert _lists(probe, run_id, "core") == listed
     # When the reconciler takes it off the live index (a list left wrong on purpose shows whether
     # the pass rewrites the lists)
