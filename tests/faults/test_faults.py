@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from taskloop.base.errors import StoreUnavailable
+from taskloop.core import fields as fld
 from taskloop.runtime.models import executions
+from taskloop.worker.deferred import started
 from tests.faults import flows
 from tests.faults.harness import FAULT_ENV, RESULTS, Cluster, Fault, Outcome, stale_rejections, timer
 
@@ -88,11 +90,19 @@ def test_sigkill_whole_worker(cluster: Cluster, size: dict) -> None:
     cluster.killed.add("f1")
     for pid in [supervisor, main, *pool]:  # the whole machine goes: supervisor, worker and pool
         os.kill(pid, signal.SIGKILL)
-    # what it ran, as the store says: a phase may have begun after `running()` was read, before the kill
+    # what it ran, as the store says: a phase may have begun after `running()` was read, before the
+    # kill: its begin written (the record names the worker), or only its start note (the one-call
+    # step writes the begin with the outcome, taskloop/worker/deferred.py)
     assert cluster.client is not None
     for run_id in run_ids:
-        record = cluster.client.store.snapshot(run_id).record("work")
-        if record is not None and record.worker and record.worker.startswith("f1@") and record.phase is not None:
+        snap = cluster.client.store.snapshot(run_id, [fld.started_field("work")])
+        record = snap.record("work")
+        if record is None or record.phase is None:
+            continue
+        note = started(snap.get(fld.started_field("work")))
+        on_f1 = bool(record.worker and record.worker.startswith("f1@")) or (
+            note is not None and note.token == record.token and note.worker.startswith("f1@"))
+        if on_f1:
             target = (run_id, "work", record.round, record.phase.value)
             hit += [] if target in hit else [target]
     faults = [Fault("sigkill-worker", time.time(), hit)]
