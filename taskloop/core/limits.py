@@ -180,7 +180,10 @@ class Model:
                                                            for t, _, m in self.uses):
             self.queue.pop(member, None)
             self.sent.pop(member, None)
-            return True  # its start is in the window already (a wake reserved it, or its message came twice)
+            # its start is in the window already (a wake reserved it, or its message came twice): it
+            # counts from now on (limits.lua acquire)
+            self.uses = [(max(t, now), n, m) if m == member else (t, n, m) for t, n, m in self.uses]
+            return True
         room, _ = self._room(now)
         order = self._order()
         rank = order.index(member) if member in self.queue else None

@@ -116,3 +116,29 @@ def test_a_wake_counts_a_waiter_on_its_way_once(store: RedisStore) -> None:
     use = k.LimitKeys.of(spec.name, spec.value).use
     assert store.client.zcount(use, f"({t + 0.55!r}", "+inf") == 6  # the window holds its rate, no more
     _clear(store, spec.name, spec.value)
+
+
+def test_a_picked_waiter_counts_from_its_start(store: RedisStore) -> None:
+    """A wake counts a waiter's start when it picks it; when the waiter's message reaches a worker
+    and the phase begins, its start counts from then: the window holds the callbacks' starts, so a
+    late arrival of one window and the next window's waiters cannot begin in the same second."""
+    spec = Spec("rate", "from-its-start", rate=1, per_s=1.0)
+    _clear(store, spec.name, spec.value)
+    model = Model(spec)
+    t = 4_000_000.0
+    use = k.LimitKeys.of(spec.name, spec.value).use
+    first, late, next_one = (Waiter(who, "t", "run", 1, 1, "wf").member() for who in ("a", "late", "next"))
+    assert store.acquire([spec], first, "a|t", t + 5, t).admitted and model.acquire(t, first, "a|t", t + 5)
+    for member, holder in ((late, "late|t"), (next_one, "next|t")):
+        assert not store.acquire([spec], member, holder, t + 5.1, t + 0.1).admitted
+        assert not model.acquire(t + 0.1, member, holder, t + 5.1)
+    assert store.wake([spec], t + 1.01) == model.wake(t + 1.01) == [late]  # counted at t + 1.01
+    # its message takes 0.6 s to reach a worker: its start counts from t + 1.61
+    assert store.acquire([spec], late, "late|t", t + 6.6, t + 1.61).admitted
+    assert model.acquire(t + 1.61, late, "late|t", t + 6.6)
+    assert float(store.client.zscore(use, late) or 0) == t + 1.61
+    # so the next waiter is not sent at t + 2.01, when the pick's second would have ended, but once
+    # the late one's callback has had its second
+    assert store.wake([spec], t + 2.05) == model.wake(t + 2.05) == []
+    assert store.wake([spec], t + 2.62) == model.wake(t + 2.62) == [next_one]
+    _clear(store, spec.name, spec.value)

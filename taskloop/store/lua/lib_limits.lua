@@ -116,6 +116,10 @@ local function limit_op(KEYS, ARGV)
         local at = redis.call('ZSCORE', use, member)
         local _, per = numbers(spec, cfg)
         holds = at and tonumber(at) > now - per
+        -- a wake counted its start when it picked it; the start is now: the window counts it from
+        -- here on, so that one window's late arrivals and the next window's waiters cannot start
+        -- their callbacks in the same second
+        if holds then redis.call('ZADD', use, 'XX', 'GT', now, member) end
       end
       if holds then
         ok = true
