@@ -76,8 +76,11 @@ def used_memory(r: redis.Redis) -> int:
 
 
 def commands(r: redis.Redis) -> int:
-    """Every command Redis has run so far (the commands inside scripts too, as bench/run.py counts)."""
-    return sum(int(v["calls"]) for name, v in r.info("commandstats").items() if name != "cmdstat_info")
+    """Every command Redis has run so far, counted as bench/run.py counts them (the commands inside
+    scripts too, the benchmark's own polling left out)."""
+    from bench.systems import IGNORED_COMMANDS, commandstats  # here: the worker imports this module too
+
+    return sum(n for name, n in commandstats(r).items() if name not in IGNORED_COMMANDS)
 
 
 def settle(r: redis.Redis) -> int:
