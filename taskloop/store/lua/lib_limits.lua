@@ -63,8 +63,9 @@ local function limit_op(KEYS, ARGV)
     return tonumber(o[1]) or spec.r, tonumber(o[2]) or spec.p, tonumber(o[3]) or spec.l
   end
 
-  -- What a limit allows now: used, allowed, the free room (how many more may start), and when the
-  -- oldest use leaves (rate) or the first slot expires (concurrency): when to look again.
+  -- What a limit allows now: used, allowed, the free room (how many more may start), when the
+  -- oldest use leaves (rate) or the first slot expires (concurrency): when to look again, and the
+  -- window in seconds (rate; nil for concurrency), as the numbers it read give them.
   local function state(spec, cfg, use)
     local rate, per, limit = numbers(spec, cfg)
     if spec.k == 'conc' then
@@ -82,7 +83,7 @@ local function limit_op(KEYS, ARGV)
         local leaving = redis.call('ZRANGE', use, used - rate, used - rate, 'WITHSCORES')
         again = tonumber(leaving[2]) + per
       end
-      return used, rate, rate - used, again
+      return used, rate, rate - used, again, per
     end
     local entries = redis.call('ZRANGE', use, 0, -1, 'WITHSCORES')
     do
@@ -97,7 +98,7 @@ local function limit_op(KEYS, ARGV)
       end
       local room = 0
       if total < rate then room = math.huge end
-      return total, rate, room, again
+      return total, rate, room, again, per
     end
   end
 
@@ -173,9 +174,8 @@ local function limit_op(KEYS, ARGV)
     for i, spec in ipairs(specs) do
       local cfg, use, wait, sent = keys_of(i)
       if spec.k == 'conc' and holder ~= '' then redis.call('ZREM', use, holder) end
-      local _, _, room, again = state(spec, cfg, use)
+      local _, _, room, again, per = state(spec, cfg, use)
       local starts = spec.k ~= 'conc' and spec.u ~= 'tokens'
-      local _, per = numbers(spec, cfg)
       local sent_now, on_the_way = 0, false
       -- the oldest waiters first, a page at a time, until the room is taken (or WAKE_SCAN looked at)
       local from = 0
