@@ -1,13 +1,16 @@
 """What fleet limits cost and deliver (issue "fleet flow control"), on a real redis-server and
 real workers (two nodes x two pool processes: a fleet, not one worker):
 
-    python -m bench.limits                    # every section (about 3 minutes on 2 cores)
+    python -m bench.limits                    # every section (about 5 minutes on 2 cores)
     python -m bench.limits --only rate        # one section: rate, release, admission
 
-- ``rate``: a backlog of 6 x R single-task runs under ``tl.RateLimit(rate=R, per_s=1)`` for R =
-  20, 50 and 100 starts/s, queued before the fleet starts, then again started into the running
-  fleet: the steady rate the fleet reaches (after the first window, which the backlog fills at
-  once) as a share of R, and the most starts in any one-second window (must be <= R). Beside
+- ``rate``: a backlog of 10 x R single-task runs (``--windows``) under ``tl.RateLimit(rate=R,
+  per_s=1)`` for R = 20, 50 and 100 starts/s, queued before the fleet starts, then again started
+  into the running fleet: the rate the fleet reaches as a share of R, two ways: *steady*, the
+  starts after the first window (which the backlog fills at once) over the whole time, and
+  *sustained*, R over a window's mean period (start k to start k + R: what the fleet keeps up
+  window after window, without the first window's spread, which *steady* carries once); and the
+  most starts in any one-second window (must be <= R). Beside
   it, Celery's own ``rate_limit="R/s"`` on the same two nodes at Celery's defaults: what a
   hand-rolled task gets (Celery's limit is per worker node), waited for up to 120 s.
 - ``release``: a chain of runs on one concurrency key (limit 1), each holding 0.2 s: the time
@@ -46,7 +49,7 @@ from taskloop.store.keys import LimitKeys
 
 SECTIONS = ("rate", "release", "admission")
 RATES = (20, 50, 100)
-BACKLOG_S = 6  # each rate's backlog: this many seconds of starts
+WINDOWS = 10  # each rate's backlog: this many windows of starts (--windows)
 
 
 def _workers(env: dict[str, str], logdir: Path, args: list[list[str]]) -> list[subprocess.Popen[bytes]]:
@@ -78,12 +81,29 @@ def _rates(starts: list[float], rate: int, n: int) -> dict[str, Any]:
     time), its share of the limit, the most in any second."""
     steady = (len(starts) - rate) / (starts[-1] - starts[0]) if len(starts) > rate + 1 else 0.0
     return {"runs": n, "started": len(starts), "steady": round(steady, 1), "share": round(steady / rate, 3),
+            **_sustained(starts, rate),
             "most_in_one_s": _windows(starts)}
 
 
+def _sustained(starts: list[float], rate: int) -> dict[str, Any]:
+    """The rate the fleet keeps up, window after window: start k + R can begin no sooner than one
+    window after start k, so R starts take one *period*, start k to start k + R, averaged over the
+    backlog (1 s when every window's room is taken the moment it reopens). Unlike ``share``, it
+    does not carry the first window's spread, which the backlog's size weighs (a sliding window
+    repeats that spread in every window, so a backlog of W windows keeps at most
+    (W - 1) / (W - 1 + spread) of R over the whole backlog)."""
+    periods = [starts[k + rate] - starts[k] for k in range(len(starts) - rate)]
+    if not periods:
+        return {}
+    period = statistics.fmean(periods)
+    return {"period_s": round(period, 4), "sustained_share": round(1.0 / period, 3)}
+
+
 def _line(found: dict[str, Any], rate: int) -> str:
+    sustained = (f", sustained window to window {found['sustained_share']:.1%} (a window's period "
+                 f"{found['period_s']} s)" if "sustained_share" in found else "")
     return (f"{found['started']} of {found['runs']} started, steady {found['steady']}/s ({found['share']:.1%} of "
-            f"{rate}/s), most in one second {found['most_in_one_s']}")
+            f"{rate}/s){sustained}, most in one second {found['most_in_one_s']}")
 
 
 def _taskloop_nodes() -> list[list[str]]:
@@ -135,12 +155,16 @@ def _reopen_lag(admissions: list[float], rate: int, n: int) -> dict[str, Any]:
     every admission."""
     if len(admissions) != n:
         return {}
-    lags = sorted((admissions[k] - admissions[k - rate] - 1.0) * 1000 for k in range(rate, len(admissions)))
+    by_k = [(admissions[k] - admissions[k - rate] - 1.0) * 1000 for k in range(rate, len(admissions))]
+    lags = sorted(by_k)
     return {"reopen_lag_ms_p50": round(statistics.median(lags), 1),
-            "reopen_lag_ms_p90": round(statistics.quantiles(lags, n=10)[8], 1)}
+            "reopen_lag_ms_p90": round(statistics.quantiles(lags, n=10)[8], 1),
+            # where the lag is: its mean in each window after the first
+            "reopen_lag_ms_mean_by_window": [round(statistics.fmean(by_k[w:w + rate]), 1)
+                                             for w in range(0, len(by_k), rate)]}
 
 
-def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
+def section_rate(url: str, env: dict[str, str], logdir: Path, windows: int = WINDOWS) -> dict[str, Any]:
     """Each rate twice: a backlog queued before the fleet starts (the issue's case: the first
     window's starts come together), and a backlog started into the running fleet (the first
     window's starts spread over the time the client takes to start the runs, and a sliding window
@@ -154,7 +178,7 @@ def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rate in RATES:
-            n = rate * BACKLOG_S
+            n = rate * windows
             first, procs = _rate_run(url, r, client, lf.rated[rate], rate, n,
                                      start_fleet=lambda: _workers(env, logdir, _taskloop_nodes()))
             second, _ = _rate_run(url, r, client, lf.rated[rate], rate, n)
@@ -181,7 +205,7 @@ def section_rate(url: str, env: dict[str, str], logdir: Path) -> dict[str, Any]:
 
         for rate in RATES:
             r.delete("bench:limits:starts")
-            n = rate * BACKLOG_S
+            n = rate * windows
             for _ in range(n):
                 app.send_task(f"bench.rated{rate}", ignore_result=True)
             deadline = time.monotonic() + 120
@@ -265,6 +289,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SECTIONS), type=lambda s: [p for p in s.split(",") if p])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--windows", type=int, default=WINDOWS,
+                        help="the rate section's backlog, in windows of R starts (default %(default)s)")
     args = parser.parse_args()
     server = RedisServer().start()
     logdir = Path(server.directory)
@@ -276,7 +302,7 @@ def main() -> None:
         for section in args.only:
             print(f"[{section}]", flush=True)
             if section == "rate":
-                results["rate"] = section_rate(server.url, env, logdir)
+                results["rate"] = section_rate(server.url, env, logdir, args.windows)
             elif section == "release":
                 results["release"] = section_release(server.url, env, logdir)
             elif section == "admission":

@@ -161,9 +161,12 @@ class PhaseSender:
     Celery; if a send still fails, the producer is dropped and the next send takes a fresh one
     (the phase stays queued with its lease, and the reconciler re-sends it)."""
 
-    def __init__(self, app: Celery, store_url: str | None = None, keep: bool = True) -> None:
+    def __init__(self, app: Celery, store_url: str | None = None, keep: bool = True, ahead: Any = None) -> None:
         self.app = app
         self.keep = keep  # False (a client): the producer goes back to kombu's pool after each send
+        # the store's Redis client: when the broker is that Redis, the waiters a fleet limit picked
+        # are sent again to the front of their queues (resend)
+        self.ahead = ahead
         self._producer: Any = None
         self._lock = threading.Lock()
         self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
@@ -179,7 +182,18 @@ class PhaseSender:
                     self._release()
 
     def resend(self, waiters: Sequence[Waiter]) -> None:
-        """Send the messages of phases that waited for a fleet limit (taskloop/worker/limiter.py)."""
+        """Send the messages of phases that waited for a fleet limit (taskloop/worker/limiter.py).
+
+        A limit picked them for room it has now. At the back of a queue, behind a backlog (the
+        messages of phases that will be refused, when many runs start at once), a message would
+        spend that room travelling: a rate window counts the start from the moment the phase
+        begins, so that time is lost from the window. So, when the broker is the store's Redis
+        (``ahead``), the messages go to the front of their queues: ``RPUSH`` at the end of the list
+        workers take from (kombu's Redis transport pushes on the left and takes from the right),
+        oldest waiter taken first. Otherwise, or when a message needs Celery's own send, they are
+        sent the ordinary way."""
+        if self.ahead is not None and self.folds and self._push_ahead(waiters):
+            return
         with self._lock:
             try:
                 producer = self._acquire()
@@ -191,6 +205,19 @@ class PhaseSender:
             finally:
                 if not self.keep:
                     self._release()
+
+    def _push_ahead(self, waiters: Sequence[Waiter]) -> bool:
+        """Push the waiters' messages at the front of their queues (False: some message needs send_task)."""
+        by_queue: dict[str, list[str]] = {}
+        for waiter in waiters:
+            m = waiter_message(waiter)
+            push = self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown)
+            if push is None:
+                return False
+            by_queue.setdefault(push[0], []).append(push[1])
+        for queue, payloads in by_queue.items():
+            self.ahead.rpush(queue, *reversed(payloads))  # the last value pushed is taken first: the oldest waiter
+        return True
 
     def fold(self, workflow: Workflow, run_id: str,
              dispatches: Sequence[Dispatch]) -> list[tuple[str, tuple[Any, ...]]] | None:

@@ -312,9 +312,16 @@ def release(store: RedisStore, held: Held, resend: Resend) -> None:
 
 
 def _resend(members: Sequence[str], resend: Resend) -> None:
+    """Send the picked waiters again. A send that fails loses nothing: the wake noted them sent, and
+    a later wake (the drainer's, RESENT_S later in lib_limits.lua) picks them again."""
     waiters = [w for w in map(Waiter.parse, members) if w is not None]
-    if waiters:
+    if not waiters:
+        return
+    try:
         resend(waiters)
+    except Exception as exc:
+        log.warning("%d phase(s) that waited for a fleet limit are sent again later: %s: %s", len(waiters),
+                    type(exc).__name__, exc)
 
 
 class Drainer:

@@ -54,7 +54,7 @@ def executor(app: Celery, hostname: str) -> Executor:
     if _executor is None or _executor_pid != os.getpid():
         config = settings()
         store = RedisStore(config.redis_url, retries=10, single_connection=True, events_maxlen=config.events_maxlen)
-        sender = taskloop_app.PhaseSender(app, config.redis_url)
+        sender = taskloop_app.PhaseSender(app, config.redis_url, ahead=store.client)
         _executor = Executor(store, config, sender, f"{hostname}/{os.getpid()}", sender.resend)
         _executor_pid = os.getpid()
     return _executor
@@ -181,7 +181,7 @@ def register(app: Celery) -> None:
         their rate window reopens (taskloop/worker/limiter.py)."""
         config = settings()
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
-        drainer = Drainer(store, taskloop_app.PhaseSender(app, config.redis_url).resend)
+        drainer = Drainer(store, taskloop_app.PhaseSender(app, config.redis_url, ahead=store.client).resend)
         drainer.start()
         drainers.append(drainer)
 

@@ -12,6 +12,7 @@ import pytest
 
 from taskloop.base.config import Settings
 from taskloop.core.begin import Dispatch
+from taskloop.core.limits import Waiter
 from taskloop.core.phases import Phase
 from taskloop.define.tasks import define_task
 from taskloop.define.workflow import Workflow
@@ -59,3 +60,37 @@ def test_a_countdown_or_a_routed_app_goes_through_celery(redis_server) -> None:
     assert builder.push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None, countdown=2.0) is None
     app.conf.task_routes = {"taskloop.*": {"queue": "routed"}}
     assert outbox.Builder(app).push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None) is None
+
+
+def _taken(client: Any, queue: str) -> list[str]:
+    """The run ids of the messages in ``queue``, in the order workers take them (from the right)."""
+    order = []
+    while (raw := client.rpop(queue)) is not None:
+        order.append(json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0])
+    return order
+
+
+def test_waiters_sent_again_go_to_the_front_of_their_queue(redis_server) -> None:
+    """A fleet limit picked them for room it has now: behind a backlog their messages would spend
+    that room in the queue (PhaseSender.resend)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    app = make_app(Settings(redis_url=redis_server.url, broker_url=redis_server.url))
+    queue = app.conf.task_default_queue
+    plain = PhaseSender(app, redis_server.url)
+    ahead = PhaseSender(app, redis_server.url, ahead=client)
+    try:
+        for run_id in ("backlog-1", "backlog-2", "backlog-3"):
+            plain(ONE, run_id, [Dispatch("a", Phase.RUN, 1, 1)])
+        older, newer = (Waiter(f"waiter-{n}", "a", "run", 1, 4, ONE.name) for n in (1, 2))
+        ahead.resend([older, newer])  # picked oldest first
+        assert _taken(client, queue) == ["waiter-1", "waiter-2", "backlog-1", "backlog-2", "backlog-3"]
+        # without the store's client (or with another broker) they are sent the ordinary way: at the back
+        plain(ONE, "backlog-4", [Dispatch("a", Phase.RUN, 1, 1)])
+        plain.resend([older])
+        assert _taken(client, queue) == ["backlog-4", "waiter-1"]
+    finally:
+        plain.close()
+        ahead.close()
+        client.close()
