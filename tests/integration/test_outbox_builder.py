@@ -16,6 +16,7 @@ from taskloop.core.limits import Waiter
 from taskloop.core.phases import Phase
 from taskloop.define.tasks import define_task
 from taskloop.define.workflow import Workflow
+from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import outbox
 from taskloop.runtime.celery_app import PhaseSender, make_app, messages_of
 
@@ -70,16 +71,21 @@ def _taken(client: Any, queue: str) -> list[str]:
     return order
 
 
-def test_waiters_sent_again_go_to_the_front_of_their_queue(redis_server) -> None:
+def test_waiters_sent_again_go_to_the_front_of_their_queue(tmp_path) -> None:
     """A fleet limit picked them for room it has now: behind a backlog their messages would spend
-    that room in the queue (PhaseSender.resend)."""
+    that room in the queue (PhaseSender.resend). A Redis of its own: the session's has workers of
+    other tests taking from the default queue."""
     import redis
 
-    client = redis.Redis.from_url(redis_server.url)
-    app = make_app(Settings(redis_url=redis_server.url, broker_url=redis_server.url))
+    with RedisServer(tmp_path) as server:
+        _front_of_the_queue(server.url, redis.Redis.from_url(server.url))
+
+
+def _front_of_the_queue(url: str, client: Any) -> None:
+    app = make_app(Settings(redis_url=url, broker_url=url))
     queue = app.conf.task_default_queue
-    plain = PhaseSender(app, redis_server.url)
-    ahead = PhaseSender(app, redis_server.url, ahead=client)
+    plain = PhaseSender(app, url)
+    ahead = PhaseSender(app, url, ahead=client)
     try:
         for run_id in ("backlog-1", "backlog-2", "backlog-3"):
             plain(ONE, run_id, [Dispatch("a", Phase.RUN, 1, 1)])
