@@ -46,19 +46,28 @@ signals.worker_init.connect(say_unchecked_versions, weak=False)
 
 
 def run_worker(argv: list[str]) -> int:
-    """Run ``celery worker`` on this app and return its exit code.
+    """Run Celery's ``worker`` command on this app and return its exit code.
 
-    Not ``app.worker_main()``: it runs Celery's click command with ``standalone_mode=False`` and
-    drops the code, so a worker that stopped on an "Unrecoverable error" (a Redis ACL refusal, say)
-    exited 0 and its supervisor took that for a clean stop instead of restarting it."""
+    The command alone, not the ``celery`` command group: importing the group loads every command
+    and every ``celery.commands`` plugin installed (Flower, with tornado; click-repl), 12-14 MB in
+    each of the worker's processes, for nothing the worker uses. What the group would do first is
+    done here: the context object that names the app, and the app's own worker options.
+    So the group's global options and their environment variables (``APP``, ``BROKER_URL``,
+    ``CONFIG_MODULE``, ...) are not read: the worker's settings are taskloop's
+    (``TASKLOOP_*``, docs/operations.md).
+
+    Not ``app.worker_main()``: it runs the command with ``standalone_mode=False`` and drops the
+    code, so a worker that stopped on an "Unrecoverable error" (a Redis ACL refusal, say) exited 0
+    and its supervisor took that for a clean stop instead of restarting it."""
     import click
-    from celery.bin.celery import celery as celery_command
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as worker_command
 
-    celery_command.params[0].default = app  # what Celery.start() does: the -A option's default
+    worker_command.params.extend(option for option in app.user_options.get("worker", ())
+                                 if option not in worker_command.params)
+    context = CLIContext(app=app, no_color=False, workdir=None, quiet=False)
     try:
-        code = celery_command.main(args=["worker", *argv], standalone_mode=False)
+        code = worker_command.main(args=argv, prog_name="celery worker", standalone_mode=False, obj=context)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    finally:
-        celery_command.params[0].default = None
     return code if isinstance(code, int) else 0
