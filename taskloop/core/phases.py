@@ -196,6 +196,17 @@ def lease_until(now: float, deadline: float | None, running_lease_s: float, grac
     return until
 
 
+def queued_lease_until(record: TaskRecord, queued_lease_s: float) -> float | None:
+    """The lease rule for a queued phase: its message is sent again ``queued_lease_s`` after it was
+    queued, or after its retry is due (None: the record is not queued). The planner writes this
+    lease when a phase enters its queue; a phase queued again under a lease that is still ahead
+    keeps that earlier lease (planner.py ``_lease_stands``), and the reconciler, finding it expired,
+    moves it to this time instead of sending the message again."""
+    if record.state not in QUEUED_STATES or record.queued_at is None:
+        return None
+    return max(record.queued_at, record.not_before or 0.0) + queued_lease_s
+
+
 class EventKind(str, Enum):
     DEP_DONE = "dep_done"  # one more dependency finished done
     ACTIVATE = "activate"  # dependencies done: queue round 1 (or pause a gate)

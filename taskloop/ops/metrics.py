@@ -181,8 +181,8 @@ def refused(reason: str) -> None:
 
 @_safely
 def reconciled(report: Any) -> None:
-    for action in ("redispatched", "replayed", "abandoned", "cleaned", "gates_cancelled", "forgotten", "conflicts",
-                   "unbegun_replayed"):
+    for action in ("redispatched", "replayed", "abandoned", "cleaned", "moved", "gates_cancelled", "forgotten",
+                   "conflicts", "unbegun_replayed"):
         amount = getattr(report, action, 0)
         if amount:
             _m().RECONCILER.labels(action).inc(amount)

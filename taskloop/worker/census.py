@@ -219,7 +219,7 @@ class Census:
                 # its message was taken and its callback began (worker/deferred.py): replayed, and
                 # counted, if that execution is lost; left alone while its worker runs it
                 ran = record.model_copy(update={"worker": note.worker, "began_at": note.at})
-                if recovery.execution_lost(self.store, run_id, ran):
+                if recovery.execution_lost(self.store, run_id, ran, self.settings.queued_lease_s):
                     resent += recovery.recover(self.store, self.settings, self.send, workflow, snap,
                                                ran).result is Result.RECOVERED
             except TaskLoopError as exc:

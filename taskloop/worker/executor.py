@@ -224,14 +224,15 @@ class Executor:
                 # one process runs one message at a time, so it is this message's own execution
                 return self._began(snap, record)
             if recovery.is_redelivery_of_running(record, phase, round, token) and recovery.execution_lost(
-                    self.store, snap.run_id, record):
+                    self.store, snap.run_id, record, self.settings.queued_lease_s):
                 return self._recover(snap, record)
             limiter.left_waiting(self.store, snap, record)
             return self._stale(snap, record, phase, round, token)
         earlier = deferring.started(snap.get(fld.started_field(record.key)))
         if earlier is not None and earlier.token == token and earlier.worker != self.worker:
             ran = record.model_copy(update={"worker": earlier.worker, "began_at": earlier.at})
-            if recovery.execution_lost(self.store, snap.run_id, ran):  # it ran before its begin was written
+            # it ran before its begin was written
+            if recovery.execution_lost(self.store, snap.run_id, ran, self.settings.queued_lease_s):
                 return self._recover(snap, ran)
             return self._stale(snap, record, phase, round, token)  # it runs there: this is a duplicate
         found = self._definition(snap, record)

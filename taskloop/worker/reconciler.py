@@ -7,7 +7,10 @@ renewed it:
   recorded it died before sending): the phase gets a new fencing token and a new message;
 - a **running** phase whose worker died, hung or was paused: the phase is queued again as a
   replay, or fails with PhaseAbandoned after ``TASKLOOP_MAX_EXECUTIONS`` (recovery.py);
-- any other task (finished, waiting): the stale lease is dropped.
+- any other task (finished, waiting): the stale lease is dropped;
+- a phase queued again under the lease of its earlier queueing (a loop's next phase keeps the
+  lease its first one got: core/planner.py ``_lease_stands``): the lease moves to the phase's own
+  end (core/phases.py ``queued_lease_until``), and the message is sent again only after that.
 
 It also ends the paused gates of a cancelled run (no message would), and forgets finished runs.
 
@@ -36,7 +39,7 @@ from taskloop.base.config import Settings, min_lease_s
 from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus, queued_lease_until
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
@@ -46,7 +49,7 @@ from taskloop.runtime.commit import Sender, commit, write
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.starting import plan_pending
 from taskloop.store import keys as k
-from taskloop.store.redis_store import RedisStore
+from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import census as census_module
 from taskloop.worker import outage, recovery, unbegun
 from taskloop.worker.census import Census
@@ -64,6 +67,7 @@ class Report:
     replayed: int = 0  # running, worker gone: queued again
     abandoned: int = 0  # lost too many times: failed with PhaseAbandoned
     cleaned: int = 0  # lease of a task that no longer needs one: dropped
+    moved: int = 0  # lease of a phase queued again, kept from its earlier queueing: moved to its own
     gates_cancelled: int = 0  # paused gates of a cancelled run
     forgotten: int = 0  # finished or expired runs taken off the live index
     conflicts: int = 0  # another reconciler or worker got there first
@@ -226,6 +230,15 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
         report.cleaned += 1
         return
     raw = snap.raw_record(key)
+    own = queued_lease_until(record, settings.queued_lease_s)
+    if own is not None and own > now:
+        # a phase queued again under the lease of its earlier queueing (planner.py _lease_stands):
+        # its own lease is still ahead, so its message is not lost yet; the lease moves there
+        if isinstance(write(store, Batch(run_id).expect(fld.task_field(key), raw).lease(key, own)), Conflict):
+            report.conflicts += 1
+        else:
+            report.moved += 1
+        return
 
     def plan(view: Snapshot) -> Planner:
         if view.raw_record(key) != raw:

@@ -28,7 +28,17 @@ from taskloop.base.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.core import fields as fld
-from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, Slot, TaskRecord, TaskStatus, active_state
+from taskloop.core.phases import (
+    ErrorRecord,
+    EventKind,
+    Phase,
+    PhaseEvent,
+    Slot,
+    TaskRecord,
+    TaskStatus,
+    active_state,
+    queued_lease_until,
+)
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task, TaskKind
@@ -75,14 +85,17 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
     return True
 
 
-def execution_lost(store: RedisStore, run_id: str, record: TaskRecord) -> bool:
+def execution_lost(store: RedisStore, run_id: str, record: TaskRecord, queued_lease_s: float) -> bool:
     """The running execution behind a redelivered message is gone: its lease expired, its process
     died (Celery re-queues the message of a killed pool process), or its worker fell silent (the
     reconciler gave a silent worker's messages back: worker/orphans.py). The lease is looked at
     first, and the process only once, without waiting: anyone who can publish a message with a
     token one below a running phase's must not be able to hold a pool process with it."""
     now = clock.now()
-    expiry = store.lease_of(run_id, record.key)
+    # a queued record whose message began to run before its begin was written (worker/deferred.py):
+    # its own queued lease, not the stored one, which it may have kept from an earlier queueing
+    own = queued_lease_until(record, queued_lease_s)
+    expiry = own if own is not None else store.lease_of(run_id, record.key)
     if expiry is not None and expiry < now:
         return True
     if worker_is_dead(record.worker, wait=0.0):

@@ -267,7 +267,7 @@ class Leases:
 
 
 def _lost(expiry: float | None, record: TaskRecord) -> bool:
-    return recovery.execution_lost(cast(RedisStore, Leases(expiry)), "r1", record)
+    return recovery.execution_lost(cast(RedisStore, Leases(expiry)), "r1", record, 300.0)
 
 
 def test_an_expired_lease_means_lost_without_looking_at_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,3 +290,14 @@ def test_a_live_lease_looks_at_the_process_once_and_never_waits(monkeypatch: pyt
     record = _running(worker="w@host/1")
     assert _lost(time.time() + 30, record) is False
     assert waits == [0.0]
+
+
+def test_a_queued_phase_run_before_its_begin_is_judged_by_its_own_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop's next phase may keep the stored lease of its earlier queueing (core/planner.py
+    _lease_stands): expired there, it is not lost while its own queued lease is ahead."""
+    monkeypatch.setattr(recovery, "worker_is_dead", lambda worker, wait=0.0: False)
+    now = time.time()
+    ran = TaskRecord(key="t", kind=TaskKind.LOOP, limit=3, status=TaskStatus.ACTIVE, phase=Phase.ATTEMPT,
+                     slot=Slot.QUEUED, round=2, token=5, queued_at=now - 10, worker="w@host/1", began_at=now - 1)
+    assert _lost(now - 60, ran) is False  # the stored lease passed; its own ends at queued_at + 300 s
+    assert _lost(now + 60, ran.model_copy(update={"queued_at": now - 301})) is True

@@ -256,3 +256,47 @@ def test_records_from_a_snapshot_that_does_not_parse_are_refused() -> None:
     with pytest.raises(tl.TaskLoopError, match="corrupt or inconsistent"):
         snap.record("a")
 
+
+
+def _queued_loop() -> tuple[tl.Workflow, Run]:
+    wf = _flow()
+    run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)
+    run.step("b", EventKind.DEP_DONE, EventKind.ACTIVATE)  # its attempt queued at NOW, leased to NOW + 300
+    return wf, run
+
+
+def test_a_loops_next_phase_keeps_the_lease_of_its_first_queueing() -> None:
+    """The one-call step (worker/deferred.py): the stored record is the queued attempt, whose lease
+    (NOW + queued lease) is still ahead; the check it queues needs no lease write of its own."""
+    wf, run = _queued_loop()
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW + 5, SETTINGS)
+    planner.move("b", PhaseEvent(EventKind.BEGIN, NOW + 4, worker="w1"))
+    planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, NOW + 5))
+    assert [(d.key, d.phase) for d in planner.dispatches] == [("b", Phase.CHECK)]
+    batch = planner.batch()
+    assert "b" not in batch.leases and "b" not in batch.unlease
+
+
+@pytest.mark.parametrize("case", ["stored lease passed", "stored record running"])
+def test_a_phase_queued_again_writes_its_lease_when_the_stored_one_would_not_do(case: str) -> None:
+    wf, run = _queued_loop()
+    now = NOW + 5
+    if case == "stored lease passed":  # the reconciler would have to move it at once
+        now = NOW + SETTINGS.queued_lease_s + 1
+    else:  # begun by begin.lua: its lease is a running lease, renewed by the watcher
+        run.records["b"] = advance(run.records["b"], PhaseEvent(EventKind.BEGIN, NOW + 4, worker="w1"))
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), now, SETTINGS)
+    if case == "stored lease passed":
+        planner.move("b", PhaseEvent(EventKind.BEGIN, now, worker="w1"))
+    planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, now))
+    assert planner.batch().leases == {"b": now + SETTINGS.queued_lease_s}
+
+
+def test_the_queued_lease_rule() -> None:
+    from taskloop.core.phases import queued_lease_until
+
+    _, run = _queued_loop()
+    queued = run.records["b"]
+    assert queued_lease_until(queued, 300.0) == NOW + 300.0
+    assert queued_lease_until(queued.model_copy(update={"not_before": NOW + 60}), 300.0) == NOW + 360.0
+    assert queued_lease_until(advance(queued, PhaseEvent(EventKind.BEGIN, NOW, worker="w1")), 300.0) is None

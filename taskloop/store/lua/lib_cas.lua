@@ -79,16 +79,41 @@ local function cas_apply(KEYS, ARGV, batch)
   -- as one stream entry (the run-finishing events of "z" join the step's own under their own name).
   local entry = {}
   local expire, expire_leases = false, false
+  -- The run hash's HSETs (the write's and, when it ends the run, z's) go in one call, made after
+  -- the rest: pending holds the pairs, at[field] the index of a field's value. An HDEL or HINCRBY
+  -- of a pending field makes the call first, so the effect is that of the writes in their order.
+  local pending, at = {}, {}
+  local function flush()
+    if #pending > 0 then chunked('HSET', run, pending, 2 * CHUNK) end
+    pending, at = {}, {}
+  end
+  local function touches(fields)
+    for _, f in ipairs(fields) do if at[f] then return true end end
+    return false
+  end
 
   local function apply(w)
-    if w.h and #w.h > 0 then chunked('HSET', run, w.h, 2 * CHUNK) end
-    if w.d and #w.d > 0 then chunked('HDEL', run, w.d, CHUNK) end
-    for _, inc in ipairs(w.i or {}) do redis.call('HINCRBY', run, inc[1], inc[2]) end
+    for i = 1, #(w.h or {}), 2 do
+      local f = w.h[i]
+      if at[f] then pending[at[f]] = w.h[i + 1]
+      else
+        table.insert(pending, f); table.insert(pending, w.h[i + 1]); at[f] = #pending
+      end
+    end
+    if w.d and #w.d > 0 then
+      if touches(w.d) then flush() end
+      chunked('HDEL', run, w.d, CHUNK)
+    end
+    for _, inc in ipairs(w.i or {}) do
+      if at[inc[1]] then flush() end
+      redis.call('HINCRBY', run, inc[1], inc[2])
+    end
     for _, part in ipairs(w.x or {}) do table.insert(entry, part[1]); table.insert(entry, part[2]) end
     if w.l and #w.l > 0 then chunked('ZADD', leases, w.l, 2 * CHUNK) end
     if w.r and #w.r > 0 then chunked('ZREM', leases, w.r, CHUNK) end
     if w.e then redis.call('RPUSH', endlist, w.e) end
     if w.p then
+      flush()  -- PERSIST needs the hash to exist (a resumed run's HSET comes first)
       redis.call('DEL', endlist)
       for _, key in ipairs({run, events, leases}) do redis.call('PERSIST', key) end
     end
@@ -107,9 +132,11 @@ local function cas_apply(KEYS, ARGV, batch)
   end
   local open = false
   if batch.z then
+    if at[batch.z.f] then flush() end
     open = redis.call('HINCRBY', run, batch.z.f, batch.z.n)
     if open == 0 then apply(batch.z.w) end
   end
+  flush()
   if #entry > 0 then redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(entry)) end
   if expire then
     for _, key in ipairs({run, events, endlist}) do redis.call('EXPIRE', key, expire) end
