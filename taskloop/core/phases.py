@@ -135,6 +135,9 @@ class TaskRecord(BaseModel):
     scores: list[float | None] | None = None  # a loop's score per round (None until a round is scored)
     exhausted: str | None = None  # a best-of loop that ended done: why it stopped ("rounds", "plateau")
     kept_round: int | None = None  # ... and the round whose candidate is its value
+    # a queued phase that keeps the lease of an earlier queueing (``kept_lease``): that
+    # lease's time in the run's lease set; absent when its own lease was written for it
+    lease_kept: float | None = None
 
     @property
     def state(self) -> State:
@@ -200,11 +203,28 @@ def queued_lease_until(record: TaskRecord, queued_lease_s: float) -> float | Non
     """The lease rule for a queued phase: its message is sent again ``queued_lease_s`` after it was
     queued, or after its retry is due (None: the record is not queued). The planner writes this
     lease when a phase enters its queue; a phase queued again under a lease that is still ahead
-    keeps that earlier lease (planner.py ``_lease_stands``), and the reconciler, finding it expired,
-    moves it to this time instead of sending the message again."""
+    keeps that earlier lease instead (``kept_lease``, the record's ``lease_kept``),
+    and the reconciler, finding that one expired, moves it to this time instead of sending the
+    message again."""
     if record.state not in QUEUED_STATES or record.queued_at is None:
         return None
     return max(record.queued_at, record.not_before or 0.0) + queued_lease_s
+
+
+def kept_lease(stored: TaskRecord | None, new: TaskRecord | None, until: float | None, now: float,
+               queued_lease_s: float) -> float | None:
+    """The lease a phase queued again (the next phase of a loop, a retry) keeps from its earlier
+    queueing instead of writing its own at ``until`` (None: it writes its own): the stored record's
+    lease, while that is still ahead and no later than ``until`` (five of a 3-round loop's six
+    lease writes). The new record says so (``lease_kept``): when that lease expires before the
+    phase's own, the reconciler moves it to the phase's own (``queued_lease_until``) instead of
+    sending the message again. A lease written for the phase's own queueing is taken at its word:
+    when it expires, the message is presumed lost."""
+    if until is None or stored is None or new is None or stored.state not in QUEUED_STATES \
+            or new.state not in QUEUED_STATES:  # a running phase's lease was written for it (begin.lua)
+        return None
+    held = stored.lease_kept if stored.lease_kept is not None else queued_lease_until(stored, queued_lease_s)
+    return held if held is not None and now < held <= until else None
 
 
 class EventKind(str, Enum):

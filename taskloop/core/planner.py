@@ -41,8 +41,8 @@ from taskloop.core.phases import (
     TaskStatus,
     Termination,
     advance,
+    kept_lease,
     lease_until,
-    queued_lease_until,
 )
 from taskloop.core.rules import (
     ENDING_FIELDS,
@@ -185,18 +185,16 @@ class Planner:
         elif old.state in QUEUED_STATES or old.state in RUNNING_STATES:
             self.leases[key] = None
 
-    def _lease_stands(self, key: str, until: float | None) -> bool:
-        """A phase queued again (the next phase of a loop, a retry) keeps its stored lease, from when
-        it was queued before, while that lease is still ahead and no later than the new one: the
-        write has one ZADD fewer (five of a 3-round loop's six). That lease expires before the
-        phase's own; the reconciler, which looks at the run then, moves it to the record's own
-        (phases.py ``queued_lease_until``) instead of sending the message again, so a lost message
-        is still sent again when its own lease ends."""
-        if until is None or self.new_run:
-            return False
-        stored = self.snapshot.record(key)
-        held = None if stored is None else queued_lease_until(stored, self.settings.queued_lease_s)
-        return held is not None and self.now < held <= until
+    def _kept_leases(self) -> dict[str, float]:
+        """The phases queued again that keep the lease of their earlier queueing (phases.py
+        ``kept_lease``), by that lease's time: the write has one ZADD fewer for each."""
+        kept: dict[str, float] = {}
+        for key, until in ({} if self.new_run else self.leases).items():
+            held = kept_lease(self.snapshot.record(key), self.changed.get(key), until, self.now,
+                              self.settings.queued_lease_s)
+            if held is not None:
+                kept[key] = held
+        return kept
 
     def running_lease(self, record: TaskRecord) -> float:
         return lease_until(self.now, record.deadline, self.settings.running_lease_s, self.settings.timeout_grace_s)
@@ -404,7 +402,10 @@ class Planner:
             b.expect(field, snap.fields.get(field), field)
         for cap in self.caps:
             b.cap(cap.field, cap.limit, cap.add, cap.label)
+        kept = self._kept_leases()
         for key, record in self.changed.items():
+            if kept.get(key) != record.lease_kept:
+                record = self.changed[key] = self.tasks[key] = record.model_copy(update={"lease_kept": kept.get(key)})
             b.set(fld.task_field(key), record.dump())
             for field, value in zip(fld.record_fields(key)[1:], record.execution(), strict=True):
                 if value is not None:
@@ -439,7 +440,7 @@ class Planner:
         for event in self.events:
             b.event(event)
         for key, until in self.leases.items():
-            if not self._lease_stands(key, until):
+            if key not in kept:
                 b.lease(key, until)
         open_delta = self.counters[fld.F_OPEN]
         if self.new_run:

@@ -230,8 +230,7 @@ class Executor:
             return self._stale(snap, record, phase, round, token)
         earlier = deferring.started(snap.get(fld.started_field(record.key)))
         if earlier is not None and earlier.token == token and earlier.worker != self.worker:
-            ran = record.model_copy(update={"worker": earlier.worker, "began_at": earlier.at})
-            # it ran before its begin was written
+            ran = record.model_copy(update={"worker": earlier.worker, "began_at": earlier.at})  # ran before its begin
             if recovery.execution_lost(self.store, snap.run_id, ran, self.settings.queued_lease_s):
                 return self._recover(snap, ran)
             return self._stale(snap, record, phase, round, token)  # it runs there: this is a duplicate

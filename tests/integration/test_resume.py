@@ -124,9 +124,10 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
 
 
 def test_a_lease_kept_from_an_earlier_queueing_is_moved_not_taken_for_a_lost_message(client, monkeypatch) -> None:
-    """A loop's next phase keeps the lease its first phase got (core/planner.py _lease_stands): when
-    that lease expires, the phase queued since has its own still ahead. The reconciler moves the
-    lease there; it sends the message again only once that one expires too."""
+    """A loop's next phase keeps the lease its first phase got, and its record says so
+    (core/planner.py _kept_leases): when that lease expires, the phase's own is still ahead. The
+    reconciler moves the lease there; it sends the message again only once that one expires too.
+    (A lease written for the phase's own queueing is taken at its word: the next test.)"""
     import redis
 
     import taskloop.runtime.celery_app
@@ -136,17 +137,20 @@ def test_a_lease_kept_from_an_earlier_queueing_is_moved_not_taken_for_a_lost_mes
     run = client.start(flows.core, input={})
     monkeypatch.undo()
     record = client.store.snapshot(run.run_id, fld.record_fields("source")).record("source")
-    assert record is not None and record.queued_at is not None
-    # Given a lease that expired a second ago, on a phase queued moments ago (its own lease: +300 s)
+    assert record is not None and record.queued_at is not None and record.lease_kept is None
+    # Given a phase queued moments ago (its own lease: +300 s) under a lease kept from an earlier
+    # queueing, which expired a second ago
     r = redis.Redis.from_url(settings().redis_url)
-    leases = k.RunKeys.of(run.run_id).leases
-    r.zadd(leases, {"source": time.time() - 1.0})
-    r.zadd(k.LIVE_INDEX, {run.run_id: time.time() - 1.0})  # the reconciler looks when the first lease expires
+    keys = k.RunKeys.of(run.run_id)
+    earlier = time.time() - 1.0
+    r.hset(keys.run, fld.task_field("source"), record.model_copy(update={"lease_kept": earlier}).dump())
+    r.zadd(keys.leases, {"source": earlier})
+    r.zadd(k.LIVE_INDEX, {run.run_id: earlier})  # the reconciler looks when the first lease expires
     now = time.time()
     # When a reconcile pass looks: the lease moves to the phase's own, and nothing is sent
     report = reconcile(client.store, settings(), PhaseSender(client.app), now=now)
     assert (report.moved, report.redispatched) == (1, 0)
-    assert r.zscore(leases, "source") == pytest.approx(record.queued_at + settings().queued_lease_s)
+    assert r.zscore(keys.leases, "source") == pytest.approx(record.queued_at + settings().queued_lease_s)
     assert client.store.snapshot(run.run_id, fld.record_fields("source")).record("source").token == record.token
     # And once that one has expired too, the message is sent again and the run finishes
     later = reconcile(client.store, settings(), PhaseSender(client.app), now=now + settings().queued_lease_s + 1)

@@ -294,10 +294,13 @@ def test_a_live_lease_looks_at_the_process_once_and_never_waits(monkeypatch: pyt
 
 def test_a_queued_phase_run_before_its_begin_is_judged_by_its_own_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loop's next phase may keep the stored lease of its earlier queueing (core/planner.py
-    _lease_stands): expired there, it is not lost while its own queued lease is ahead."""
+    _kept_leases, the record's lease_kept): expired there, it is not lost while its own queued lease
+    is ahead. A lease written for its own queueing is taken at its word."""
     monkeypatch.setattr(recovery, "worker_is_dead", lambda worker, wait=0.0: False)
     now = time.time()
     ran = TaskRecord(key="t", kind=TaskKind.LOOP, limit=3, status=TaskStatus.ACTIVE, phase=Phase.ATTEMPT,
-                     slot=Slot.QUEUED, round=2, token=5, queued_at=now - 10, worker="w@host/1", began_at=now - 1)
-    assert _lost(now - 60, ran) is False  # the stored lease passed; its own ends at queued_at + 300 s
+                     slot=Slot.QUEUED, round=2, token=5, queued_at=now - 10, worker="w@host/1", began_at=now - 1,
+                     lease_kept=now - 60)
+    assert _lost(now - 60, ran) is False  # the kept lease passed; its own ends at queued_at + 300 s
     assert _lost(now + 60, ran.model_copy(update={"queued_at": now - 301})) is True
+    assert _lost(now - 1, ran.model_copy(update={"lease_kept": None})) is True  # its own lease, expired

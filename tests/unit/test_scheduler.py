@@ -275,6 +275,16 @@ def test_a_loops_next_phase_keeps_the_lease_of_its_first_queueing() -> None:
     assert [(d.key, d.phase) for d in planner.dispatches] == [("b", Phase.CHECK)]
     batch = planner.batch()
     assert "b" not in batch.leases and "b" not in batch.unlease
+    # its record says which lease it keeps: the next phase, and the reconciler, go by it
+    kept = type(planner.tasks["b"]).load(batch.hset[fld.task_field("b")])
+    assert kept.lease_kept == NOW + SETTINGS.queued_lease_s
+    run.records["b"] = kept
+    planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW + 7, SETTINGS)
+    planner.move("b", PhaseEvent(EventKind.BEGIN, NOW + 6, worker="w2"))
+    planner.outcome("b", PhaseEvent(EventKind.REJECT, NOW + 7, feedback="again"))
+    batch = planner.batch()
+    assert "b" not in batch.leases
+    assert type(kept).load(batch.hset[fld.task_field("b")]).lease_kept == NOW + SETTINGS.queued_lease_s
 
 
 @pytest.mark.parametrize("case", ["stored lease passed", "stored record running"])
@@ -289,7 +299,9 @@ def test_a_phase_queued_again_writes_its_lease_when_the_stored_one_would_not_do(
     if case == "stored lease passed":
         planner.move("b", PhaseEvent(EventKind.BEGIN, now, worker="w1"))
     planner.outcome("b", PhaseEvent(EventKind.CANDIDATE, now))
-    assert planner.batch().leases == {"b": now + SETTINGS.queued_lease_s}
+    batch = planner.batch()
+    assert batch.leases == {"b": now + SETTINGS.queued_lease_s}
+    assert type(planner.tasks["b"]).load(batch.hset[fld.task_field("b")]).lease_kept is None
 
 
 def test_the_queued_lease_rule() -> None:
