@@ -5,6 +5,8 @@ session workers (tests/conftest.py), the fault and soak clusters, the connection
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -105,6 +107,7 @@ class WorkerProcess:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
 
     def stop(self, timeout: float = 20.0) -> None:
+        family = self.processes()  # the supervisor's children die with it only when it stops them
         if self.process.poll() is None:
             self.process.terminate()
         try:
@@ -112,3 +115,6 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        for pid in family:  # a Celery worker still in its warm shutdown when its supervisor was killed:
+            if alive(pid):  # left alone, it would go on trying the test's stopped Redis
+                os.kill(pid, signal.SIGKILL)

@@ -10,7 +10,9 @@ more executions in a round than one plus the faults injected into it, an unbalan
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -143,6 +145,7 @@ class Cluster:
         return (self.tmp / f"{name}.log").read_text()
 
     def stop(self) -> None:
+        families = [pid for proc in self.workers.values() for pid in proc.processes()]
         for proc in self.workers.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -152,6 +155,9 @@ class Cluster:
             except Exception:  # a worker that does not stop in time: killed, and reaped (an unreaped
                 proc.kill()  # process is a ResourceWarning in whichever later test collects it)
                 proc.wait(20)
+        for pid in families:  # what a killed supervisor left running (tests/workers.py, stop)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
         if self.client is not None:
             self.client.close()
         self.redis.stop()
