@@ -5,6 +5,7 @@ session workers (tests/conftest.py), the fault and soak clusters, the connection
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -117,4 +118,5 @@ class WorkerProcess:
             self.process.wait(10)
         for pid in family:  # a Celery worker still in its warm shutdown when its supervisor was killed:
             if alive(pid):  # left alone, it would go on trying the test's stopped Redis
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
+                    os.kill(pid, signal.SIGKILL)

@@ -9,6 +9,7 @@ more executions in a round than one plus the faults injected into it, an unbalan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -157,7 +158,8 @@ class Cluster:
                 proc.wait(20)
         for pid in families:  # what a killed supervisor left running (tests/workers.py, stop)
             if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
+                    os.kill(pid, signal.SIGKILL)
         if self.client is not None:
             self.client.close()
         self.redis.stop()
