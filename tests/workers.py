@@ -37,6 +37,15 @@ def alive(pid: int) -> bool:
     return not process_gone(pid)
 
 
+def kill_left(pids: list[int]) -> None:
+    """Kill what a killed supervisor left running: a Celery worker still in its warm shutdown (and
+    its pool), which would go on trying the test's stopped Redis."""
+    for pid in pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
+                os.kill(pid, signal.SIGKILL)
+
+
 class WorkerProcess:
     """One `taskloop worker`. It behaves like its supervisor's Popen (pid, poll, terminate, kill,
     wait), and knows its Celery process and pool."""
@@ -116,7 +125,4 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-        for pid in family:  # a Celery worker still in its warm shutdown when its supervisor was killed:
-            if alive(pid):  # left alone, it would go on trying the test's stopped Redis
-                with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
-                    os.kill(pid, signal.SIGKILL)
+        kill_left(family)

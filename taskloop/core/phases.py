@@ -211,6 +211,13 @@ def queued_lease_until(record: TaskRecord, queued_lease_s: float) -> float | Non
     return max(record.queued_at, record.not_before or 0.0) + queued_lease_s
 
 
+def own_lease_if_kept(record: TaskRecord, queued_lease_s: float) -> float | None:
+    """When the lease in the run's lease set is one a queued phase kept from an earlier queueing
+    (``lease_kept``), the phase's own queued lease, which is what counts (the reconciler moves the
+    kept one there; a redelivery is judged by it); None when the stored lease is the phase's own."""
+    return queued_lease_until(record, queued_lease_s) if record.lease_kept is not None else None
+
+
 def kept_lease(stored: TaskRecord | None, new: TaskRecord | None, until: float | None, now: float,
                queued_lease_s: float) -> float | None:
     """The lease a phase queued again (the next phase of a loop, a retry) keeps from its earlier

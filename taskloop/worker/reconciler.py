@@ -9,8 +9,9 @@ renewed it:
   replay, or fails with PhaseAbandoned after ``TASKLOOP_MAX_EXECUTIONS`` (recovery.py);
 - any other task (finished, waiting): the stale lease is dropped;
 - a phase queued again under the lease of its earlier queueing (a loop's next phase keeps the
-  lease its first one got, and its record says so: core/planner.py ``_kept_leases``): the lease moves to the phase's own
-  end (core/phases.py ``queued_lease_until``), and the message is sent again only after that.
+  lease its first one got, and its record says so: core/phases.py ``kept_lease``): the lease
+  moves to the phase's own end (``own_lease_if_kept``), and the message is sent again only after
+  that.
 
 It also ends the paused gates of a cancelled run (no message would), and forgets finished runs.
 
@@ -39,7 +40,7 @@ from taskloop.base.config import Settings, min_lease_s
 from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus, queued_lease_until
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus, own_lease_if_kept
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
@@ -230,11 +231,11 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
         report.cleaned += 1
         return
     raw = snap.raw_record(key)
-    own = queued_lease_until(record, settings.queued_lease_s) if record.lease_kept is not None else None
+    own = own_lease_if_kept(record, settings.queued_lease_s)
     if own is not None and own > now:
-        # a phase queued again under the lease of its earlier queueing (planner.py _kept_leases):
-        # its own lease is still ahead, so its message is not lost yet; the lease moves there (the
-        # record keeps its mark: when this lease expires, the phase's own has)
+        # a phase queued again under the lease of its earlier queueing: its own lease is still
+        # ahead, so its message is not lost yet; the lease moves there (the record keeps its mark:
+        # when this lease expires, the phase's own has)
         if isinstance(write(store, Batch(run_id).expect(fld.task_field(key), raw).lease(key, own)), Conflict):
             report.conflicts += 1
         else:

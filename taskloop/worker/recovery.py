@@ -37,7 +37,7 @@ from taskloop.core.phases import (
     TaskRecord,
     TaskStatus,
     active_state,
-    queued_lease_until,
+    own_lease_if_kept,
 )
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
@@ -92,9 +92,8 @@ def execution_lost(store: RedisStore, run_id: str, record: TaskRecord, queued_le
     first, and the process only once, without waiting: anyone who can publish a message with a
     token one below a running phase's must not be able to hold a pool process with it."""
     now = clock.now()
-    # a queued record whose message began to run before its begin was written (worker/deferred.py),
-    # under a lease kept from an earlier queueing: its own queued lease counts, not that one
-    own = queued_lease_until(record, queued_lease_s) if record.lease_kept is not None else None
+    # a queued record whose message began to run before its begin was written (worker/deferred.py)
+    own = own_lease_if_kept(record, queued_lease_s)
     expiry = own if own is not None else store.lease_of(run_id, record.key)
     if expiry is not None and expiry < now:
         return True

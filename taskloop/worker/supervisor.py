@@ -66,9 +66,6 @@ class Log:
     def error(self, message: str) -> None:
         self.write("ERROR", message)
 
-    def close(self) -> None:
-        """Nothing stays open between lines (a file is opened for each one); here for symmetry."""
-
 
 class Supervisor:
     """Keeps one Celery worker process running."""
@@ -104,12 +101,17 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _reap(self, pid: int) -> int:
-        """Wait for the worker to exit; its code, as Popen's (-N for a signal). Its pid is forgotten
-        with the signals blocked, so that none is sent to a pid the system may give another process."""
-        _, status = os.waitpid(pid, 0)  # a forwarded signal interrupts it, then it waits again (PEP 475)
+        """Wait for the worker to exit; its code, as Popen's (-N for a signal). It is waited for
+        without being reaped (WNOWAIT: its pid stays its own), then forgotten with the signals
+        blocked and only then reaped, so that no signal is passed to a pid the system may have given
+        another process."""
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a forwarded signal interrupts it, then it waits again
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-        self.child = None
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        try:
+            self.child = None
+            _, status = os.waitpid(pid, 0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return os.waitstatus_to_exitcode(status)
 
     def _wait(self, seconds: float) -> bool:
@@ -157,7 +159,7 @@ def exit_code(code: int) -> int:
 
 def command(argv: Sequence[str], loglevel: str, logfile: str | None, metrics: tuple[str, int] | None) -> list[str]:
     """What ``taskloop worker`` execs: this file run bare, or with metrics this module with site-packages."""
-    if metrics or os.environ.get("TASKLOOP_METRICS") == "1":
+    if metrics_on(metrics):
         line = [sys.executable, "-m", "taskloop.worker.supervisor"]
     else:
         line = [sys.executable, "-S", "-P", os.path.abspath(__file__)]
@@ -165,6 +167,12 @@ def command(argv: Sequence[str], loglevel: str, logfile: str | None, metrics: tu
     line += ["--logfile", logfile] if logfile else []
     line += ["--metrics", f"{metrics[0]}:{metrics[1]}"] if metrics else []
     return [*line, "--", *argv]
+
+
+def metrics_on(served: object) -> bool:
+    """The supervisor needs prometheus-client (site-packages): it serves the metrics, or counts its
+    restarts in them (``TASKLOOP_METRICS=1``)."""
+    return bool(served) or os.environ.get("TASKLOOP_METRICS") == "1"
 
 
 class Options:
@@ -190,14 +198,13 @@ class Options:
                 self.logfile = value
             else:
                 self.metrics = value
-        self.worker = rest
 
 
 def main(args: Sequence[str] | None = None) -> None:
     options = Options(sys.argv[1:] if args is None else args)
     log = Log(options.loglevel, options.logfile)
     on_restart: Callable[[int], None] | None = None
-    if options.metrics or os.environ.get("TASKLOOP_METRICS") == "1":
+    if metrics_on(options.metrics):
         on_restart = _count_restart
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if directory:  # made by `taskloop worker` for this worker's processes: gone when the supervisor is
@@ -209,9 +216,7 @@ def main(args: Sequence[str] | None = None) -> None:
         host, _, port = options.metrics.rpartition(":")
         serve_metrics(host, int(port))
         log.info(f"metrics on http://{host}:{port}/metrics")
-    code = exit_code(Supervisor(options.worker, on_restart=on_restart, log=log).run())
-    log.close()
-    sys.exit(code)
+    sys.exit(exit_code(Supervisor(options.worker, on_restart=on_restart, log=log).run()))
 
 
 def _count_restart(code: int) -> None:

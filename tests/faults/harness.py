@@ -9,11 +9,8 @@ more executions in a round than one plus the faults injected into it, an unbalan
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,7 +26,7 @@ from taskloop.runtime.client import TaskLoop
 from taskloop.runtime.models import executions
 from tests.faults import flows
 from tests.ledger import ledger_problems
-from tests.workers import WorkerProcess, alive, children_of
+from tests.workers import WorkerProcess, alive, children_of, kill_left
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"done", "failed", "cancelled", "rejected"}
@@ -156,10 +153,7 @@ class Cluster:
             except Exception:  # a worker that does not stop in time: killed, and reaped (an unreaped
                 proc.kill()  # process is a ResourceWarning in whichever later test collects it)
                 proc.wait(20)
-        for pid in families:  # what a killed supervisor left running (tests/workers.py, stop)
-            if alive(pid):
-                with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
-                    os.kill(pid, signal.SIGKILL)
+        kill_left(families)
         if self.client is not None:
             self.client.close()
         self.redis.stop()

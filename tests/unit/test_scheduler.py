@@ -257,7 +257,6 @@ def test_records_from_a_snapshot_that_does_not_parse_are_refused() -> None:
         snap.record("a")
 
 
-
 def _queued_loop() -> tuple[tl.Workflow, Run]:
     wf = _flow()
     run = Run(wf).step("a", EventKind.ACTIVATE, EventKind.BEGIN, EventKind.SUCCEED)

@@ -113,7 +113,6 @@ local function cas_apply(KEYS, ARGV, batch)
     if w.r and #w.r > 0 then chunked('ZREM', leases, w.r, CHUNK) end
     if w.e then redis.call('RPUSH', endlist, w.e) end
     if w.p then
-      flush()  -- PERSIST needs the hash to exist (a resumed run's HSET comes first)
       redis.call('DEL', endlist)
       for _, key in ipairs({run, events, leases}) do redis.call('PERSIST', key) end
     end
