@@ -20,11 +20,25 @@ class Index(str, Enum):
     LIVE = "live"  # live runs, by when the reconciler should look at them next
 
 
+def ended_score(at: float) -> float:
+    """The live-index score of a run that ended at ``at``: below every time, so the reconciler's
+    next pass takes it, and knows before it reads the run that the run ended (it reads the run
+    whole then, to forget and compact it, instead of reading its meta fields first)."""
+    return -at
+
+
+def is_ended_score(score: float) -> bool:
+    """Whether a live-index score says the run ended (a hint: the run's own status decides, as a
+    run resumed since is listed again at a time)."""
+    return score < 0
+
+
 @dataclass(frozen=True)
 class Listed:
     """A run's entry in one of the run lists that ``runs()`` and the UI page through (each a sorted
-    set by creation time; their keys: store/keys.py ``run_list``): the runs of one stored status
-    or of every status (``status`` None), of every workflow (``workflow`` None) or of one.
+    set by creation time; their keys: store/keys.py ``run_list``): the runs of one workflow and
+    one stored status or every status (``status`` None), or the runs index (both None: every run).
+    There is no list of one status across workflows: its pages merge the workflows' lists.
     ``score`` None removes the entry."""
 
     workflow: str | None
@@ -55,12 +69,12 @@ class Writes:
 
     def list_run(self, workflow: str, status: str, score: float, *, new: bool = False,
                  was: str | None = None) -> None:
-        """Enter the run in the lists of ``status`` (all workflows', and ``workflow``'s); ``new``:
-        also in the lists of every status (the runs index, and the workflow's); ``was``: leave the
-        lists of that status."""
+        """Enter the run in ``workflow``'s list of ``status`` (a status's runs across workflows are
+        those lists merged: store/indexes.py ``list_page``); ``new``: also in the lists of every
+        status (the runs index, and the workflow's); ``was``: leave the list of that status."""
         if was is not None and was != status:
-            self.listed += [Listed(None, was, None), Listed(workflow, was, None)]
-        self.listed += [Listed(None, status, score), Listed(workflow, status, score)]
+            self.listed.append(Listed(workflow, was, None))
+        self.listed.append(Listed(workflow, status, score))
         if new:
             self.listed += [Listed(None, None, score), Listed(workflow, None, score)]
 
@@ -71,8 +85,7 @@ class Writes:
 
     def unlist_run(self, workflow: str, status: str) -> None:
         """Leave every run list (a run deleted as it ends)."""
-        self.listed += [Listed(None, status, None), Listed(workflow, status, None), Listed(None, None, None),
-                        Listed(workflow, None, None)]
+        self.listed += [Listed(workflow, status, None), Listed(None, None, None), Listed(workflow, None, None)]
 
     def program(self, list_keys: dict[str, int] | None = None, key_of: ListKey | None = None) -> dict[str, Any]:
         """The writes as cas.lua takes them; ``list_keys`` gives each run list's position among

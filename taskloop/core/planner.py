@@ -25,7 +25,7 @@ from taskloop.base.errors import CorruptRecord, LoopTaskExhausted, WorkflowBudge
 from taskloop.base.text import cut
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
-from taskloop.core.batch import Batch, Index, Writes
+from taskloop.core.batch import Batch, Index, Writes, ended_score
 from taskloop.core.begin import Cap, Dispatch, budget_caps, counts_attempts, prepared_begin
 from taskloop.core.events import Event
 from taskloop.core.phases import (
@@ -485,7 +485,7 @@ class Planner:
             final.unlist_run(self.workflow.name, was)
         else:
             final.list_run(self.workflow.name, status.value, self.created(), was=was)
-        final.look_at(self.now)  # the next reconcile pass forgets it, and compacts it (store/compacted.py)
+        final.look_at(ended_score(self.now))  # the next pass forgets and compacts it (store/compacted.py)
 
 
 EVENT_TEXT_LIMIT = 300  # characters of a feedback quoted in an event (the whole one is in the round data)

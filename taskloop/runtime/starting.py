@@ -25,7 +25,7 @@ from taskloop.base.jsonvalue import canonical
 from taskloop.base.text import preview
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
-from taskloop.core.batch import Batch, Index
+from taskloop.core.batch import Batch, Index, ended_score
 from taskloop.core.begin import Dispatch
 from taskloop.core.events import Event
 from taskloop.core.phases import QUEUED_STATES, ErrorRecord, RunStatus
@@ -150,6 +150,7 @@ def fail_pending(store: RedisStore, snap: Snapshot, error: ErrorRecord | None, s
                                                           **({"error": error.message} if error else {})}))
     batch.end_marker = status.value
     batch.ttl = settings.retention_s
+    batch.look_at(ended_score(now))  # the next pass forgets and compacts it (store/compacted.py)
     write(store, batch)
 
 

@@ -55,6 +55,17 @@ def encode(fields: dict[str, str], entries: Sequence[tuple[str, dict[str, str]]]
 
 
 @dataclass(frozen=True)
+class Whole:
+    """A run as read whole: its hash's fields and its stream's entries (``read_whole``)."""
+
+    fields: dict[str, str]
+    entries: list[tuple[str, dict[str, str]]]
+
+
+WHOLE_PAGE = 50  # runs read whole in one pipelined round trip (a run's stream may hold many entries)
+
+
+@dataclass(frozen=True)
 class Record:
     """A compact record, read back."""
 
@@ -83,13 +94,35 @@ class Compacted:
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any: ...
 
     @wrap
-    def compact(self, run_id: str) -> bool:
-        """Compact a finished run (False: not finished, already compacted, or it changed meanwhile)."""
+    def read_whole(self, run_ids: Sequence[str]) -> dict[str, Whole]:
+        """Every field and stream entry of each run, in pipelined reads of ``WHOLE_PAGE`` runs (what
+        ``compact`` rewrites; the reconciler reads the runs that ended so, and their meta from it)."""
+        found: dict[str, Whole] = {}
+        for start in range(0, len(run_ids), WHOLE_PAGE):
+            page = run_ids[start:start + WHOLE_PAGE]
+            pipe = self.client.pipeline(transaction=False)
+            for run_id in page:
+                keys = k.RunKeys.of(run_id)
+                pipe.hgetall(keys.run)
+                pipe.xrange(keys.events, "-", "+")
+            replies = pipe.execute()
+            for run_id, fields, entries in zip(page, replies[::2], replies[1::2], strict=True):
+                found[run_id] = Whole(dict(fields), list(entries))
+        return found
+
+    @wrap
+    def compact(self, run_id: str, whole: Whole | None = None) -> bool:
+        """Compact a finished run as read now, or as ``whole`` holds it (from ``read_whole``; the
+        script writes nothing if the run changed since). False: not finished, already compacted,
+        or it changed meanwhile."""
         keys = k.RunKeys.of(run_id)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(keys.run)
-        pipe.xrange(keys.events, "-", "+")
-        found, entries = pipe.execute()
+        if whole is None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys.run)
+            pipe.xrange(keys.events, "-", "+")
+            found, entries = pipe.execute()
+        else:
+            found, entries = whole.fields, whole.entries
         status = found.get(fld.F_STATUS)
         if status not in TERMINAL or fld.F_COMPACT in found:
             return False

@@ -6,6 +6,7 @@ into RedisStore, whose client and URL they use."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from taskloop.store.calls import wrap
 
 STORED_STATUSES = tuple(s.value for s in RunStatus if s is not RunStatus.WAITING)  # "waiting" is derived
 LIVE_STATUSES = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+NAME_AGAIN_S = 60.0  # a process names a workflow it lists runs of at most once in this time
 
 
 class Indexes:
@@ -27,6 +29,8 @@ class Indexes:
 
     client: Any
     url: str
+    _named: dict[str, float]  # workflow -> when this process last named it (workflows_to_name)
+    _legacy_deleted: bool  # the earlier versions' lists are gone (trim_runs_index)
 
     def compacted_fields(self, run_id: str) -> dict[str, str]:
         raise NotImplementedError  # RedisStore has it from store/compacted.py
@@ -99,6 +103,13 @@ class Indexes:
     def due_runs(self, now: float, limit: int) -> list[str]:
         """Live runs the reconciler should look at now."""
         return list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit))
+
+    @wrap
+    def due_entries(self, now: float, limit: int) -> list[tuple[str, float]]:
+        """Live runs the reconciler should look at now, with their scores (core/batch.py
+        ``is_ended_score``: the runs that ended are listed below every time)."""
+        rows = self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit, withscores=True)
+        return [(run_id, float(score)) for run_id, score in rows]
 
     @wrap
     def look_again(self, run_id: str, at: float) -> None:
@@ -203,8 +214,12 @@ class Indexes:
         workflows."""
         dropped = int(self.client.zremrangebyscore(k.RUNS_INDEX, "-inf", before))
         workflows = sorted(self.client.smembers(k.LISTED_WORKFLOWS))
-        lists = [Listed(wf, status, None) for wf in [None, *workflows] for status in STORED_STATUSES]
+        lists = [Listed(wf, status, None) for wf in workflows for status in STORED_STATUSES]
         pipe = self.client.pipeline(transaction=False)
+        if not self._legacy_deleted:  # the lists across workflows of earlier versions (store/keys.py)
+            for key in k.LEGACY_STATUS_LISTS:  # one key a command: a Cluster holds them in other slots
+                pipe.delete(key)
+            self._legacy_deleted = True
         for entry in [*lists, *(Listed(wf, None, None) for wf in workflows)]:
             pipe.zremrangebyscore(k.run_list(entry), "-inf", before)
         for wf in workflows:
@@ -228,10 +243,8 @@ class Indexes:
         # cannot lag behind the run, and only the workflows are named (one command per batch).
         for run_id, workflow, status, created in finished if clients.is_cluster(self.client) else ():
             for live in LIVE_STATUSES:
-                pipe.zrem(k.run_list(Listed(None, live, None)), run_id)
                 pipe.zrem(k.run_list(Listed(workflow, live, None)), run_id)
-            for entry in (Listed(None, status, created), Listed(workflow, status, created),
-                          Listed(workflow, None, created)):
+            for entry in (Listed(workflow, status, created), Listed(workflow, None, created)):
                 pipe.zadd(k.run_list(entry), {run_id: created})
         pipe.sadd(k.LISTED_WORKFLOWS, *{workflow for _, workflow, _, _ in finished})
         pipe.execute()
@@ -239,21 +252,47 @@ class Indexes:
     @wrap
     def list_page(self, status: str | None, workflow: str | None, offset: int, limit: int) -> tuple[list[str], int]:
         """Run ids ``offset .. offset + limit - 1`` of a run list, newest first, and the list's length
-        (no filter: the runs index)."""
-        key = k.RUNS_INDEX if status is None and workflow is None else k.run_list(Listed(workflow, status, None))
+        (no filter: the runs index). A status across workflows has no list of its own: its page is
+        the newest ``offset + limit`` of each workflow's list of that status, merged (a page costs
+        one range read per workflow)."""
+        if status is None or workflow is not None:
+            key = k.RUNS_INDEX if status is None and workflow is None else k.run_list(Listed(workflow, status, None))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrevrange(key, offset, offset + limit - 1)
+            pipe.zcard(key)
+            ids, total = pipe.execute()
+            return list(ids), int(total)
+        keys = [k.run_list(Listed(wf, status, None)) for wf in sorted(self.client.smembers(k.LISTED_WORKFLOWS))]
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrevrange(key, offset, offset + limit - 1)
-        pipe.zcard(key)
-        ids, total = pipe.execute()
-        return list(ids), int(total)
+        for key in keys:
+            pipe.zrevrange(key, 0, offset + limit - 1, withscores=True)
+            pipe.zcard(key)
+        replies = pipe.execute()
+        rows = sorted((row for rows in replies[::2] for row in rows), key=lambda row: (-row[1], row[0]))
+        return [run_id for run_id, _ in rows[offset:offset + limit]], sum(int(n) for n in replies[1::2])
 
     @wrap
     def list_lengths(self, statuses: Sequence[str]) -> dict[str, int]:
-        """How many runs each stored status's run list holds."""
+        """How many runs each stored status's run lists hold (summed over the workflows)."""
+        workflows = sorted(self.client.smembers(k.LISTED_WORKFLOWS))
         pipe = self.client.pipeline(transaction=False)
         for status in statuses:
-            pipe.zcard(k.run_list(Listed(None, status, None)))
-        return {status: int(n) for status, n in zip(statuses, pipe.execute(), strict=True)}
+            for wf in workflows:
+                pipe.zcard(k.run_list(Listed(wf, status, None)))
+        counts = iter(pipe.execute() if workflows else ())
+        return {status: sum(int(next(counts)) for _ in workflows) for status in statuses}
+
+    def workflows_to_name(self, workflows: Iterable[str]) -> list[str]:
+        """Of the workflows a write lists runs of, those this process has not named in the set of
+        listed workflows within ``NAME_AGAIN_S`` (store.apply names them in the same round trip).
+        Naming again now and then puts back a workflow that the reconciler's trim took off."""
+        now = time.monotonic()
+        return [wf for wf in dict.fromkeys(workflows) if now - self._named.get(wf, -NAME_AGAIN_S) >= NAME_AGAIN_S]
+
+    def workflows_named(self, workflows: Iterable[str]) -> None:
+        """The workflows were named (the round trip that named them went through)."""
+        now = time.monotonic()
+        self._named.update((wf, now) for wf in workflows)
 
     @wrap
     def queue_lengths(self, names: Sequence[str]) -> dict[str, int]:

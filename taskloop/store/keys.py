@@ -17,10 +17,13 @@ The global keys are indexes: ``tl:runs`` (runs by creation time, for ``taskloop 
 counters), ``tl:workers`` (each worker's last heartbeat), and the reconciler's lock, last report
 and the identity of the Redis it last saw;
 they are written outside the run scripts (so a run never needs a second slot). The run lists
-(``run_list``: runs by creation time per stored status, per workflow and per both, what
-``runs()`` and the UI page through) are written inside the run's script on a single Redis, and
-after it on a Cluster; ``tl:runs:workflows`` names the workflows that have lists (the reconciler
-trims them).
+(``run_list``: runs by creation time per workflow, and per workflow and stored status, what
+``runs()`` and the UI page through; a status's runs across workflows are those lists merged) are
+written inside the run's script on a single Redis, and after it on a Cluster;
+``tl:runs:workflows`` names the workflows that have lists (a write that lists a run names its
+workflow, once a minute per process; the reconciler trims the lists). Earlier versions also kept
+each status's list across workflows (``tl:runs:s:<status>``): no longer written, and deleted by
+the reconciler.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taskloop.core.batch import Index, Listed
+from taskloop.core.phases import RunStatus
 
 PREFIX = "tl"
 
 RUNS_INDEX = f"{PREFIX}:runs"  # ZSET run_id -> created_at
-LIVE_INDEX = f"{PREFIX}:live"  # ZSET run_id -> when the reconciler should look at the run next
+LIVE_INDEX = f"{PREFIX}:live"  # ZSET run_id -> when the reconciler should look at the run next (< 0: it ended)
 STATS = f"{PREFIX}:stats"  # HASH of fleet counters (stale deliveries, ...)
 RECONCILER_LOCK = f"{PREFIX}:reconciler"  # STRING: which process runs this reconcile pass
 RECONCILER_LAST = f"{PREFIX}:reconciler:last"  # STRING: JSON report of the last reconcile pass
 SERVER_SEEN = f"{PREFIX}:server"  # STRING: the identity (INFO run_id) of the Redis the reconciler last saw
 LISTED_WORKFLOWS = f"{PREFIX}:runs:workflows"  # SET of the workflow names that have run lists
+LEGACY_STATUS_LISTS = tuple(f"{PREFIX}:runs:s:{status.value}" for status in RunStatus)  # no longer written
 WORKERS = f"{PREFIX}:workers"  # HASH node -> JSON of the worker as it last said (taskloop/worker/presence.py)
 
 
@@ -48,7 +53,9 @@ def run_list(entry: Listed) -> str:
     if entry.index is not None:
         return INDEX_KEYS[entry.index]
     if entry.workflow is None:
-        return RUNS_INDEX if entry.status is None else f"{PREFIX}:runs:s:{entry.status}"
+        if entry.status is not None:
+            raise ValueError("a status's runs across workflows are not one list: merge the workflows' lists")
+        return RUNS_INDEX
     if entry.status is None:
         return f"{PREFIX}:runs:w:{entry.workflow}"
     return f"{PREFIX}:runs:w:{entry.workflow}:s:{entry.status}"

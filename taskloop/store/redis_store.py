@@ -100,6 +100,8 @@ class RedisStore(Compacted, Indexes, Limits):
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
         self.client: Any = client or self._connect(retries, single_connection)
         self._blocking: Any = None  # a client for blocking reads, made on first use
+        self._named: dict[str, float] = {}
+        self._legacy_deleted = False
         self._scripts = {name: _Script(load_script(name))
                          for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote")}
 
@@ -308,20 +310,28 @@ class RedisStore(Compacted, Indexes, Limits):
             admission = self.acquire(op.specs, op.member, op.holder, op.expiry, op.now)
             if not admission.admitted:
                 return admission
-        if batch.indexes or batch.stats:
+        # the workflows whose lists this write enters the run in, named in the set of listed
+        # workflows (store/indexes.py: at most once a minute per process)
+        named = self.workflows_to_name(entry.workflow for entry in batch.all_listed()
+                                       if entry.workflow is not None and entry.score is not None)
+        if batch.indexes or batch.stats or named:
             pipe = self.client.pipeline(transaction=False)
             for index, member, score in batch.indexes:
                 pipe.zadd(k.INDEX_KEYS[index], {member: score})
             for name, amount in batch.stats.items():  # (counted before the write: a repeated start counts too)
                 pipe.hincrby(k.STATS, name, amount)
+            if named:
+                pipe.sadd(k.LISTED_WORKFLOWS, *named)
             if cluster:
                 # Redis Cluster: these keys live in other slots (other nodes), and redis-py's cluster
                 # pipeline refuses EVALSHA: send them first, then run the script on the run's slot.
                 pipe.execute()
+                self.workflows_named(named)
                 reply = self._call(script, keys, args)
             else:
                 pipe.evalsha(self._scripts[script].sha, len(keys), *keys, *args)
                 reply = pipe.execute(raise_on_error=False)[-1]
+                self.workflows_named(named)
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     reply = self._call(script, keys, args)
                 elif isinstance(reply, Exception):

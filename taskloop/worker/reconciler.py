@@ -19,6 +19,8 @@ Which runs to look at comes from ``tl:live``: each live run is listed with the t
 earliest possible lease expiry. A lease is always written at least ``min(running lease, queued
 lease)`` into the future, so after a look at time T the run needs no look before
 ``min(its earliest lease, T + that minimum)``. A pass therefore reads only the runs that are due.
+A run that ended is listed below every time (core/batch.py ``ended_score``): the next pass reads
+it whole at once, takes its meta from that read, forgets it and compacts it.
 
 Every change is a compare-and-set, so several reconcilers (the beat task, ``taskloop
 reconcile`` and the thread in each worker) can run at once: at most one wins each lease.
@@ -39,7 +41,7 @@ from taskloop.base import clock
 from taskloop.base.config import Settings, min_lease_s
 from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.batch import Batch
+from taskloop.core.batch import Batch, is_ended_score
 from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus, own_lease_if_kept
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
@@ -50,6 +52,7 @@ from taskloop.runtime.commit import Sender, commit, write
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.starting import plan_pending
 from taskloop.store import keys as k
+from taskloop.store.compacted import Whole
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import census as census_module
 from taskloop.worker import outage, recovery, unbegun
@@ -119,17 +122,26 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
         except Exception as exc:  # as above: the next pass tries again
             log.warning("reconcile: no census of lost messages: %s: %s", type(exc).__name__, exc)
     for _ in range(batches):
-        due = store.due_runs(now, limit)
-        rows = store.run_metas(due)
-        metas = {run_id: RunMeta.from_fields(run_id, dict(zip(fld.META_FIELDS, row, strict=True)))
-                 for run_id, row in zip(due, rows, strict=True) if row[1] is not None}
+        entries = store.due_entries(now, limit)
+        due = [run_id for run_id, _ in entries]
+        # A run that ended is listed so (core/batch.py ended_score): it is read whole at once, for
+        # its meta and its compaction; every other due run has its meta fields read.
+        ended = [run_id for run_id, score in entries if is_ended_score(score)]
+        wholes = store.read_whole(ended)
+        others = [run_id for run_id in due if run_id not in wholes]
+        rows = {run_id: dict(zip(fld.META_FIELDS, row, strict=True))
+                for run_id, row in zip(others, store.run_metas(others), strict=True)}
+        rows.update({run_id: {name: whole.fields.get(name) for name in fld.META_FIELDS}
+                     for run_id, whole in wholes.items()})
+        metas = {run_id: RunMeta.from_fields(run_id, row) for run_id, row in rows.items()
+                 if row[fld.F_WORKFLOW] is not None}
         over = [run_id for run_id in due if run_id not in metas or metas[run_id].terminal]
         store.unlive(over)  # finished (or expired) runs leave the live index here, in bulk
         store.count_finished([metas[run_id] for run_id in over if run_id in metas])
         store.relist([(run_id, metas[run_id].workflow, metas[run_id].stored_status, metas[run_id].created)
                       for run_id in over if run_id in metas])
         report.forgotten += len(over)
-        report.compacted += _compact(store, [run_id for run_id in over if run_id in metas])
+        report.compacted += _compact(store, [run_id for run_id in over if run_id in metas], wholes)
         for run_id, meta in metas.items():
             if meta.terminal:
                 continue
@@ -149,12 +161,13 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     return report
 
 
-def _compact(store: RedisStore, run_ids: list[str]) -> int:
-    """Compact the finished runs just forgotten; a run that fails to compact stays as it was."""
+def _compact(store: RedisStore, run_ids: list[str], wholes: dict[str, Whole]) -> int:
+    """Compact the finished runs just forgotten (as read whole, where they were); a run that fails
+    to compact stays as it was."""
     done = 0
     for run_id in run_ids:
         try:
-            done += store.compact(run_id)
+            done += store.compact(run_id, wholes.get(run_id))
         except TaskLoopError as exc:
             log.warning("reconcile: run %s not compacted: %s", run_id, exc)
     return done

@@ -161,24 +161,24 @@ def test_run_lists_go_into_the_script_after_the_broker_lists_when_the_store_lets
     batch.list_run("wf", "running", NOW, new=True)
     batch.final.list_run("wf", "done", NOW, was="running")
     keys = batch.list_keys(_list_key)
-    assert keys == ["L:None:running", "L:wf:running", "L:None:None", "L:wf:None", "L:None:done", "L:wf:done"]
+    # the workflow's status lists and the lists of every status: no status list across workflows
+    assert keys == ["L:wf:running", "L:None:None", "L:wf:None", "L:wf:done"]
     program = json.loads(batch.argv(_list_key)[0])
     # positions count from the first extra key: the broker list is KEYS[5] (1), the lists follow
-    assert program["w"]["k"] == [[2, NOW], [3, NOW], [4, NOW], [5, NOW]]
+    assert program["w"]["k"] == [[2, NOW], [3, NOW], [4, NOW]]
     assert "z" not in program  # no open delta: the finishing part is not sent
     batch.open_delta = -1
     program = json.loads(batch.argv(_list_key)[0])
-    assert program["z"]["w"]["k"] == [[2, False], [3, False], [6, NOW], [7, NOW]]  # leave running, enter done
+    assert program["z"]["w"]["k"] == [[2, False], [5, NOW]]  # leave running, enter done
     # without a key function (a Cluster) the lists stay out of the script, for the store to write after
     assert "k" not in json.loads(batch.argv()[0])["w"]
-    assert batch.all_listed(finished=False) == batch.listed and len(batch.all_listed()) == 8
+    assert batch.all_listed(finished=False) == batch.listed and len(batch.all_listed()) == 5
 
 
 def test_a_run_deleted_as_it_ends_leaves_every_list() -> None:
     writes = Writes()
     writes.unlist_run("wf", "running")
-    assert {(e.workflow, e.status) for e in writes.listed} == {(None, "running"), ("wf", "running"), (None, None),
-                                                             ("wf", None)}
+    assert {(e.workflow, e.status) for e in writes.listed} == {("wf", "running"), (None, None), ("wf", None)}
     assert all(e.score is None for e in writes.listed)
 
 

@@ -148,8 +148,9 @@ def test_write_applies_a_guarded_batch_as_a_whole(store: RedisStore) -> None:
     assert len({e.entry_id for e in events}) == 1
     assert store.lease_of(run_id, "a") == 1030.0
     assert store.client.zscore(k.LIVE_INDEX, run_id) == 1030.0  # an index, written outside the script
-    for listed in ("tl:runs", "tl:runs:w:wf", "tl:runs:s:running", "tl:runs:w:wf:s:running"):  # inside it
+    for listed in ("tl:runs", "tl:runs:w:wf", "tl:runs:w:wf:s:running"):  # inside it
         assert store.client.zscore(listed, run_id) == 1000.0, listed
+    assert "wf" in store.client.smembers(k.LISTED_WORKFLOWS)  # named, in the same round trip
 
 
 def test_write_refuses_a_batch_whose_guard_failed_and_names_it(store: RedisStore, raw: redis.Redis) -> None:

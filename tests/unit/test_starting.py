@@ -252,8 +252,9 @@ def test_fail_pending_ends_a_pending_run_failed_or_cancelled(store: RedisStore, 
     # it moved from the pending lists to the failed ones, at its creation time
     created = float(snap.get(fld.F_CREATED) or 0)
     assert store.client.zscore("tl:runs:w:somewhere:s:failed", failed) == created
-    assert store.client.zscore("tl:runs:s:failed", failed) == created
-    assert store.client.zscore("tl:runs:s:pending", failed) is None
+    assert store.client.zscore("tl:runs:w:somewhere:s:pending", failed) is None
+    assert store.list_page("failed", None, 0, 10)[0].count(failed) == 1  # across workflows: merged
+    assert failed not in store.list_page("pending", None, 0, 10)[0]
     assert store.client.zscore("tl:runs:w:somewhere", failed) == created
     meta = store.snapshot(failed).meta()
     assert (meta.status, meta.termination) == (RunStatus.FAILED, Termination.FAILED)

@@ -7,7 +7,7 @@
 --       pairs (the run's meta fields: what the run lists, wait() and a repeated start read)
 --
 -- The run must still be exactly as the caller read it: the same terminal status, as many hash
--- fields and stream entries, and no lease left; otherwise nothing is written. Then, atomically: the
+-- fields and stream entries; otherwise nothing is written. Then, atomically: the
 -- hash is rewritten with only the fields kept and the marker, the compact record is stored, the
 -- stream, the end marker and the lease set are deleted, and both keys keep the run's remaining
 -- retention. (A waiter that blocked on the end marker woke when it was pushed; one that comes later
@@ -18,9 +18,10 @@ local run, events, endlist, leases, compact = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if redis.call('HGET', run, ARGV[1]) ~= ARGV[2] then return 0 end
 if redis.call('HLEN', run) ~= tonumber(ARGV[3]) then return 0 end
 if redis.call('XLEN', events) ~= tonumber(ARGV[4]) then return 0 end
-if redis.call('EXISTS', leases) == 1 then return 0 end
+-- A finished run's lease set is gone, or holds the leases of phases still queued when it was
+-- aborted (their messages find the run over): deleted with the rest, not read first.
 local ttl = redis.call('PTTL', run)
-redis.call('DEL', run, events, endlist)
+redis.call('DEL', run, events, endlist, leases)
 redis.call('HSET', run, ARGV[6], '1', unpack(ARGV, 7))
 if ttl > 0 then
   redis.call('SET', compact, ARGV[5], 'PX', ttl)
