@@ -38,9 +38,12 @@ def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | Non
         return None
     snap = Snapshot(run_id, store.scan_fields(run_id, fld.TASK_PREFIX),
                     loader=lambda names: store.hmget(run_id, names))
+    keys = [fld.key_of_task_field(name) for name in snap.fields if name.startswith(fld.TASK_PREFIX)]
+    # the rest of the records, every task's value (a task not done has none) and the counters: one read
+    snap.ensure([*(field for key in keys for field in fld.record_fields(key)),
+                 *(fld.value_field(key) for key in keys), *fld.USAGE_FIELDS, fld.stat_field("observer_errors")])
     tasks = _records(snap)
     done = [key for key, rec in tasks.items() if rec.status is TaskStatus.DONE]
-    snap.ensure([*(fld.value_field(key) for key in done), *fld.USAGE_FIELDS, fld.stat_field("observer_errors")])
     values = {key: snap.json(fld.value_field(key)) for key in done}
     observer_errors: list[dict[str, Any]] = []
     if int(snap.get(fld.stat_field("observer_errors")) or 0):

@@ -15,6 +15,7 @@ from taskloop.core import events as ev
 from taskloop.core.events import Observer, notify
 from taskloop.core.phases import TERMINAL_RUN
 from taskloop.core.snapshot import RunMeta
+from taskloop.runtime import views
 from taskloop.runtime.models import RunResult
 from taskloop.store.redis_store import RedisStore
 
@@ -25,15 +26,13 @@ _WAIT_SLICE_S = 5.0
 
 class WaitingClient(Protocol):
     """What waiting needs of the client (runtime/client.py's TaskLoop): its store and settings, its
-    observers, a run's stored status and its result."""
+    observers, and a run's meta fields (its result is built on the last read of them)."""
 
     store: RedisStore
     settings: Settings
     _observers: list[Observer]
 
     def _meta(self, run_id: str) -> RunMeta: ...
-
-    def result(self, run_id: str) -> RunResult | None: ...
 
 
 class Outage:
@@ -80,9 +79,11 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
     notice = on_notice or (lambda message: log.warning("%s", message))
     outage = Outage(client.settings.wait_outage_s, notice)
     status: str | None = None
+    meta: RunMeta | None = None  # the last read of the run's meta fields (the result is built on it)
     while status is None:
         try:
-            status = client._meta(run_id).stored_status
+            meta = client._meta(run_id)
+            status = meta.stored_status
         except StoreUnavailable as exc:
             outage.failed(exc, deadline)
     outage.recovered()
@@ -110,19 +111,22 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
                 last = events[-1].entry_id or last
                 failures += notify(observers, events)
             if ended:
-                status = client._meta(run_id).stored_status
+                meta = client._meta(run_id)
+                status = meta.stored_status
                 if status in _TERMINAL:
                     break
                 continue  # it ended once, and was resumed since: its later events follow
             if not events:
                 if status in _TERMINAL:
                     break  # read to the end (its last events expired or were trimmed)
-                status = client._meta(run_id).stored_status
+                meta = client._meta(run_id)
+                status = meta.stored_status
         except StoreUnavailable as exc:
             outage.failed(exc, deadline)
     while True:
         try:
-            result = client.result(run_id)
+            assert meta is not None
+            result = views.run_result(client.store, run_id, meta)  # on the status just read: no second read
             outage.recovered()
             break
         except StoreUnavailable as exc:

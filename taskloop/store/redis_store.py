@@ -160,9 +160,17 @@ class RedisStore(Compacted, Indexes, Limits):
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
         """Every field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
         run = k.RunKeys.of(run_id).run
-        if self.client.hmget(run, [fld.F_COMPACT])[0] is not None:
+        pipe = self.client.pipeline(transaction=False)  # the marker and the first scan step: one round trip
+        pipe.hmget(run, [fld.F_COMPACT])
+        pipe.hscan(run, 0, match=f"{prefix}*", count=1000)
+        (marker,), (cursor, found) = pipe.execute()
+        if marker is not None:
             return {name: value for name, value in self.compacted_fields(run_id).items() if name.startswith(prefix)}
-        return dict(self.client.hscan_iter(run, match=f"{prefix}*", count=1000))
+        found = dict(found)
+        while int(cursor):
+            cursor, more = self.client.hscan(run, cursor, match=f"{prefix}*", count=1000)
+            found.update(more)
+        return found
 
     @wrap
     def all_fields(self, run_id: str) -> dict[str, str]:

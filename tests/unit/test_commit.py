@@ -510,3 +510,12 @@ def test_through_outage_does_not_retry_a_conflict(store: RedisStore, raw: redis.
         cm.through_outage(store, _a_succeeds(workflow, settings, calls, concurrent), _outcome_snapshot(store, run_id),
                           Sent(), limit_s=60.0)
     assert len(calls) == cm.MAX_ATTEMPTS and fake_time.sleeps == []
+
+
+def test_scan_fields_reads_every_matching_field_past_its_first_scan_step(store: RedisStore, raw: redis.Redis) -> None:
+    # Given a run with more task records than one HSCAN step returns, and other fields
+    run_id = _run_id()
+    records = {f"{fld.TASK_PREFIX}task-{n}": str(n) for n in range(2_500)}
+    raw.hset(k.RunKeys.of(run_id).run, mapping={**records, fld.F_WORKFLOW: "wf", fld.value_field("a"): "1"})
+    # Then the scan (its first step pipelined with the compaction marker's read) finds all of them
+    assert store.scan_fields(run_id, fld.TASK_PREFIX) == records
