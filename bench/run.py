@@ -17,7 +17,8 @@ the same redis-server (started here, AOF everysec). Sections:
 - ``loops``: N independent loops of 3 rounds (6 steps), accepted in round 3 or exhausted;
   steps/s, paired ratios, p50/p95 latency of one loop (right after the throughput runs, while
   taskloop's reconciler still compacts them, and again once it has: *settled*), Redis commands
-  per round, memory per run.
+  per round, memory per run; and taskloop's commands per round and memory per finished run *all
+  in*: counted until the reconciler has forgotten and compacted every run.
 - ``events``: the same with task events on in both workers (``-E``: the cost under Flower).
 - ``workers``: steps/s with 1, 2 and 4 pool processes, and with two worker nodes.
 - ``ceiling``: taskloop with its store and its broker on two redis-servers: each one's CPU per
@@ -47,13 +48,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.systems import (
+    IGNORED_COMMANDS,
     REPO,
+    ROUNDS_PER_LOOP,
     Baseline,
     BaselineKombu,
     DurableFloor,
     Failure,
     System,
     TaskLoopSystem,
+    commandstats,
     wait_finished,
     worker_memory,
 )
@@ -147,7 +151,31 @@ def section_loops(systems: list[System], args: argparse.Namespace, events: bool)
     out["latency"] = latency(systems, runs)
     settle(systems)
     out["latency_settled"] = latency(systems, runs)
+    out["all_in"] = all_in(systems, n)
     return out
+
+
+def all_in(systems: list[System], n: int) -> dict[str, Any]:
+    """taskloop's Redis commands per round and memory per finished run with the reconciler's pass
+    that forgets and compacts the runs counted in full: N accepted loops, counted from before the
+    first start until every run is compacted and a further pass has gone by (the idle fleet's own
+    polls in that time included). The throughput figures count only until the last loop ends, when
+    part of that pass is still to come."""
+    tl = next(s for s in systems if isinstance(s, TaskLoopSystem))
+    with alone(tl, systems):
+        before, memory_before = commandstats(tl.r), int(tl.r.info("memory")["used_memory"])
+        tl.throughput("accept", n)
+        settle([tl])
+        after, memory_after = commandstats(tl.r), int(tl.r.info("memory")["used_memory"])
+    calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
+    calls = {c: v for c, v in calls.items() if v > 0}
+    rounds = n * ROUNDS_PER_LOOP
+    found = {"n": n, "commands_per_round": round(sum(calls.values()) / rounds, 2),
+             "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
+             "memory_per_run_bytes": round((memory_after - memory_before) / n)}
+    print(f"  all in (the pass that forgets and compacts included): {found['commands_per_round']} Redis commands "
+          f"per round, {found['memory_per_run_bytes']} bytes per finished run", flush=True)
+    return found
 
 
 def settle(systems: list[System], timeout: float = 120.0) -> None:
@@ -394,6 +422,12 @@ def report(results: dict[str, Any]) -> str:
                          + " |" * len(others))
         for n in names:
             lines += ["", f"commands per round, {n}: {acc[n]['commands']}"]
+        if "all_in" in found:
+            every = found["all_in"]
+            lines += ["", f"taskloop, all in (N={every['n']} accepted loops, counted until the reconciler has "
+                      f"forgotten and compacted every run and one more pass has gone by): "
+                      f"**{every['commands_per_round']} Redis commands per round**, "
+                      f"**{every['memory_per_run_bytes']} bytes held per finished run**; {every['commands']}"]
         lines.append("")
     if "workers" in results:
         lines += ["### Workers (accept)", "", "| workers | baseline steps/s | taskloop steps/s | ratio |",

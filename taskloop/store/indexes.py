@@ -216,15 +216,16 @@ class Indexes:
         workflows = sorted(self.client.smembers(k.LISTED_WORKFLOWS))
         lists = [Listed(wf, status, None) for wf in workflows for status in STORED_STATUSES]
         pipe = self.client.pipeline(transaction=False)
-        if not self._legacy_deleted:  # the lists across workflows of earlier versions (store/keys.py)
-            for key in k.LEGACY_STATUS_LISTS:  # one key a command: a Cluster holds them in other slots
-                pipe.delete(key)
-            self._legacy_deleted = True
+        legacy = () if self._legacy_deleted else k.LEGACY_STATUS_LISTS  # earlier versions' (store/keys.py)
+        for key in legacy:  # one key a command: a Cluster holds them in other slots
+            pipe.delete(key)
         for entry in [*lists, *(Listed(wf, None, None) for wf in workflows)]:
             pipe.zremrangebyscore(k.run_list(entry), "-inf", before)
         for wf in workflows:
             pipe.zcard(k.run_list(Listed(wf, None, None)))
-        left = pipe.execute()[-len(workflows):] if workflows else []
+        replies = pipe.execute()
+        self._legacy_deleted = True
+        left = replies[-len(workflows):] if workflows else []
         empty = [wf for wf, count in zip(workflows, left, strict=True) if not count]
         if empty:
             self.client.srem(k.LISTED_WORKFLOWS, *empty)

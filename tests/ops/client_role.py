@@ -51,6 +51,8 @@ def main(gone: str, compacted: str) -> int:
         assert handle.run_id in listed and gone not in listed, listed
         done = [r.run_id for r in client.runs(status="done", workflow="essay", limit=100)]  # a run list
         assert handle.run_id in done and gone not in done, done
+        every = [r.run_id for r in client.runs(status="done", limit=100)]  # every workflow's lists, merged
+        assert handle.run_id in every and gone not in every, every
         print("ok runs", flush=True)
         step = "read a compacted run"  # its rounds and events are in one compact record (GET)
         old = client.inspect(compacted)
