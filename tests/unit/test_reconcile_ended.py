@@ -88,3 +88,15 @@ def test_a_run_listed_ended_but_live_again_is_looked_at_as_live(own: tuple[Redis
     assert report.forgotten == 0 and report.compacted == 0
     assert store.client.zscore(k.LIVE_INDEX, "again-1") is not None
     assert store.client.hget(k.RunKeys.of("again-1").run, fld.F_COMPACT) is None
+
+
+def test_a_run_that_ended_with_leases_left_is_compacted_and_its_leases_go(own: tuple[RedisStore, Settings]) -> None:
+    store, settings = own
+    # Given a run that ended with a phase's lease left (an abort with phases still queued)
+    _ended_run(store, settings, "aborted-1")
+    store.client.zadd(k.RunKeys.of("aborted-1").leases, {"a": 1e12})
+    # When a pass runs
+    report = reconcile(store, settings, _no_send)
+    # Then it is compacted all the same, and the lease set is deleted with the rest
+    assert report.compacted == 1
+    assert store.client.exists(k.RunKeys.of("aborted-1").leases) == 0
