@@ -122,9 +122,10 @@ def run_page(store: RedisStore, status: str | None = None, workflow: str | None 
     """One page of runs, newest first: ``limit`` runs from ``offset`` of the run list of ``status``
     and ``workflow`` (both optional). The lists are sorted sets in Redis (store/keys.py
     ``run_list``): a page costs one range read and one read of its runs, whatever the number of
-    runs (a status across workflows: one range read per workflow, merged). ``waiting`` is derived from the records (a running run whose only work left is paused
-    gates): it pages through the running list and keeps the waiting ones, so its pages may be
-    short. ``prefix`` looks up run ids that start with it instead (at most ``limit`` of them)."""
+    runs (a status across workflows: one range read per workflow, merged). ``waiting`` is derived
+    from the records (a running run whose only work left is paused gates): it pages through the
+    running list and keeps the waiting ones, so its pages may be short. ``prefix`` looks up run
+    ids that start with it instead (at most ``limit`` of them)."""
     statuses = {s.value for s in RunStatus}
     if status is not None and status not in statuses:
         raise InvalidInput(f"runs: status must be one of {sorted(statuses)}, got {shown(status)}")

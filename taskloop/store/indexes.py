@@ -100,11 +100,6 @@ class Indexes:
             self.client.zrem(k.LIVE_INDEX, *run_ids)
 
     @wrap
-    def due_runs(self, now: float, limit: int) -> list[str]:
-        """Live runs the reconciler should look at now."""
-        return list(self.client.zrangebyscore(k.LIVE_INDEX, "-inf", now, start=0, num=limit))
-
-    @wrap
     def due_entries(self, now: float, limit: int) -> list[tuple[str, float]]:
         """Live runs the reconciler should look at now, with their scores (core/batch.py
         ``is_ended_score``: the runs that ended are listed below every time)."""

@@ -112,7 +112,10 @@ def test_every_store_method_on_the_cluster(cluster: Cluster) -> None:
         assert store.list_page("running", "probe", 0, 5) == (list(reversed(run_ids))[:5], len(run_ids))
         assert sorted(store.run_ids_with_prefix("cl-1", limit=10)) == ["cl-1", "cl-10", "cl-11"]
         assert [meta[1] for meta in store.run_metas(run_ids)] == ["probe"] * len(run_ids)
-        assert store.due_runs(2005.0, 100) == run_ids[:6]
+        assert [run_id for run_id, _ in store.due_entries(2005.0, 100)] == run_ids[:6]
+        # a status across workflows: each workflow's list, merged (the lists live on other nodes)
+        assert store.list_page("running", None, 0, 5) == (list(reversed(run_ids))[:5], len(run_ids))
+        assert store.read_whole([first])[first].fields[fld.F_WORKFLOW] == "probe"  # the reconciler's read
         store.look_again(first, 9999.0)
         assert store.live_count() == len(run_ids)
         store.unlive(run_ids[:2])
