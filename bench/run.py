@@ -48,9 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.systems import (
-    IGNORED_COMMANDS,
     REPO,
-    ROUNDS_PER_LOOP,
     Baseline,
     BaselineKombu,
     DurableFloor,
@@ -58,6 +56,7 @@ from bench.systems import (
     System,
     TaskLoopSystem,
     commandstats,
+    counted,
     wait_finished,
     worker_memory,
 )
@@ -170,12 +169,7 @@ def all_in(systems: list[System], n: int) -> dict[str, Any]:
         settle([tl])
         after, memory_after = commandstats(tl.r), int(tl.r.info("memory")["used_memory"])
         tl.verify("accept", ids)  # after the count: the bench's own reads are not taskloop's
-    calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
-    calls = {c: v for c, v in calls.items() if v > 0}
-    rounds = n * ROUNDS_PER_LOOP
-    found = {"n": n, "commands_per_round": round(sum(calls.values()) / rounds, 2),
-             "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
-             "memory_per_run_bytes": round((memory_after - memory_before) / n)}
+    found = {"n": n, **counted(before, after, memory_before, memory_after, n)}
     print(f"  all in (the pass that forgets and compacts included): {found['commands_per_round']} Redis commands "
           f"per round, {found['memory_per_run_bytes']} bytes per finished run", flush=True)
     return found

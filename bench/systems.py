@@ -57,6 +57,18 @@ def commandstats(r: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
+def counted(before: dict[str, int], after: dict[str, int], memory_before: int, memory_after: int,
+            n: int) -> dict[str, Any]:
+    """What Redis did for ``n`` loops between two readings of its command counts and memory: the
+    commands per round, each command's share, and the memory per loop."""
+    calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
+    calls = {c: v for c, v in calls.items() if v > 0}
+    rounds = n * ROUNDS_PER_LOOP
+    return {"commands_per_round": round(sum(calls.values()) / rounds, 2),
+            "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
+            "memory_per_run_bytes": round((memory_after - memory_before) / n)}
+
+
 def wait_finished(r: redis.Redis, n: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while r.llen("bench:finished") < n:
@@ -134,15 +146,10 @@ class System:
                for name, pids in procs.items()}
         after, memory_after = commandstats(self.r), int(self.r.info("memory")["used_memory"])
         self.verify(mode, ids)
-        calls = {c: after.get(c, 0) - before.get(c, 0) for c in after if c not in IGNORED_COMMANDS}
-        calls = {c: n for c, n in calls.items() if n > 0}
-        rounds = n * ROUNDS_PER_LOOP
         return {
             "n": n, "mode": mode, "seconds": round(seconds, 3),
             "steps_per_s": round(n * STEPS_PER_LOOP / seconds, 1),
-            "commands_per_round": round(sum(calls.values()) / rounds, 2),
-            "commands": {c: round(v / rounds, 2) for c, v in sorted(calls.items(), key=lambda kv: -kv[1])},
-            "memory_per_run_bytes": round((memory_after - memory_before) / n),
+            **counted(before, after, memory_before, memory_after, n),
             "cpu_ms_per_step": {name: round(v, 3) for name, v in cpu.items()},
         }
 

@@ -4,6 +4,7 @@ a run's records (only its id is needed, never its definition)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from taskloop.base import names
@@ -38,11 +39,8 @@ def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | Non
         return None
     snap = Snapshot(run_id, store.scan_fields(run_id, fld.TASK_PREFIX),
                     loader=lambda names: store.hmget(run_id, names))
-    keys = [fld.key_of_task_field(name) for name in snap.fields if name.startswith(fld.TASK_PREFIX)]
-    # the rest of the records, every task's value (a task not done has none) and the counters: one read
-    snap.ensure([*(field for key in keys for field in fld.record_fields(key)),
-                 *(fld.value_field(key) for key in keys), *fld.USAGE_FIELDS, fld.stat_field("observer_errors")])
-    tasks = _records(snap)
+    # with the records, in the same read: every task's value (a task not done has none) and the counters
+    tasks = _records(snap, lambda key: [fld.value_field(key)], [*fld.USAGE_FIELDS, fld.stat_field("observer_errors")])
     done = [key for key, rec in tasks.items() if rec.status is TaskStatus.DONE]
     values = {key: snap.json(fld.value_field(key)) for key in done}
     observer_errors: list[dict[str, Any]] = []
@@ -185,9 +183,12 @@ def _json(raw: str | None) -> Any:
     return json.loads(raw) if raw is not None else None
 
 
-def _records(snap: Snapshot) -> dict[str, TaskRecord]:
+def _records(snap: Snapshot, per_task: Callable[[str], Sequence[str]] = lambda key: (),
+             also: Sequence[str] = ()) -> dict[str, TaskRecord]:
+    """The task records the snapshot's scan found, every execution read in one read, with
+    ``per_task``'s fields of each task and the ``also`` fields."""
     keys = [fld.key_of_task_field(name) for name in snap.fields if name.startswith(fld.TASK_PREFIX)]
-    snap.ensure(field for key in keys for field in fld.record_fields(key))  # every execution, in one read
+    snap.ensure([*(field for key in keys for field in (*fld.record_fields(key), *per_task(key))), *also])
     found = {key: snap.record(key) for key in keys}
     return {key: rec for key, rec in found.items() if rec is not None}
 

@@ -97,6 +97,9 @@ class Compacted:
     def read_whole(self, run_ids: Sequence[str]) -> dict[str, Whole]:
         """Every field and stream entry of each run, in pipelined reads of ``WHOLE_PAGE`` runs (what
         ``compact`` rewrites; the reconciler reads the runs that ended so, and their meta from it)."""
+        return self._read_whole(run_ids)
+
+    def _read_whole(self, run_ids: Sequence[str]) -> dict[str, Whole]:
         found: dict[str, Whole] = {}
         for start in range(0, len(run_ids), WHOLE_PAGE):
             page = run_ids[start:start + WHOLE_PAGE]
@@ -116,13 +119,8 @@ class Compacted:
         script writes nothing if the run changed since). False: not finished, already compacted,
         or it changed meanwhile."""
         keys = k.RunKeys.of(run_id)
-        if whole is None:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(keys.run)
-            pipe.xrange(keys.events, "-", "+")
-            found, entries = pipe.execute()
-        else:
-            found, entries = whole.fields, whole.entries
+        whole = whole or self._read_whole([run_id])[run_id]
+        found, entries = whole.fields, whole.entries
         status = found.get(fld.F_STATUS)
         if status not in TERMINAL or fld.F_COMPACT in found:
             return False

@@ -275,7 +275,7 @@ class Indexes:
         for status in statuses:
             for wf in workflows:
                 pipe.zcard(k.run_list(Listed(wf, status, None)))
-        counts = iter(pipe.execute() if workflows else ())
+        counts = iter(pipe.execute())
         return {status: sum(int(next(counts)) for _ in workflows) for status in statuses}
 
     def workflows_to_name(self, workflows: Iterable[str]) -> list[str]:
