@@ -37,17 +37,36 @@ def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | Non
     """The result of a finished run, or None while it is still going."""
     if not meta.terminal:
         return None
-    snap = Snapshot(run_id, store.scan_fields(run_id, fld.TASK_PREFIX),
+    snap = Snapshot(run_id, store.scan_with(run_id, fld.TASK_PREFIX, _RESULT_ALSO),
                     loader=lambda names: store.hmget(run_id, names))
-    # with the records, in the same read: every task's value (a task not done has none) and the counters
-    tasks = _records(snap, lambda key: [fld.value_field(key)], [*fld.USAGE_FIELDS, fld.stat_field("observer_errors")])
+    return _result(store, snap, meta)
+
+
+def meta_and_result(store: RedisStore, run_id: str) -> tuple[RunMeta, RunResult | None]:
+    """A run's meta, and its result if it ended, from one read of its meta fields and its task
+    records (wait()'s read once the run's end marker woke it; a second read for the values)."""
+    snap = Snapshot(run_id, store.scan_with(run_id, fld.TASK_PREFIX, [*fld.META_FIELDS, *_RESULT_ALSO]),
+                    loader=lambda names: store.hmget(run_id, names))
+    if not snap.exists:
+        raise RunNotFound(run_id)
+    meta = snap.meta()
+    return meta, _result(store, snap, meta) if meta.terminal else None
+
+
+# what a result reads besides the task records and values: the usage counters and the observer errors' count
+_RESULT_ALSO = (*fld.USAGE_FIELDS, fld.stat_field("observer_errors"))
+
+
+def _result(store: RedisStore, snap: Snapshot, meta: RunMeta) -> RunResult:
+    """The result of a run that ended, on a snapshot holding its task records (a scan)."""
+    tasks = _records(snap, lambda key: [fld.value_field(key)])  # every task's value (a task not done has none)
     done = [key for key, rec in tasks.items() if rec.status is TaskStatus.DONE]
     values = {key: snap.json(fld.value_field(key)) for key in done}
     observer_errors: list[dict[str, Any]] = []
     if int(snap.get(fld.stat_field("observer_errors")) or 0):
-        observer_errors = [e.data or {} for e in store.events(run_id) if e.type == ev.OBSERVER_ERROR]
+        observer_errors = [e.data or {} for e in store.events(snap.run_id) if e.type == ev.OBSERVER_ERROR]
     return RunResult(
-        run_id=run_id,
+        run_id=snap.run_id,
         status=meta.stored_status,
         termination_code=meta.termination.value if meta.termination else None,
         values=values,

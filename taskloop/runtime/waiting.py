@@ -80,6 +80,7 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
     outage = Outage(client.settings.wait_outage_s, notice)
     status: str | None = None
     meta: RunMeta | None = None  # the last read of the run's meta fields (the result is built on it)
+    result: RunResult | None = None  # read with the meta once the end marker woke the wait
     while status is None:
         try:
             meta = client._meta(run_id)
@@ -110,8 +111,8 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
             if events:
                 last = events[-1].entry_id or last
                 failures += notify(observers, events)
-            if ended:
-                meta = client._meta(run_id)
+            if ended:  # the meta and the result in one read (views.meta_and_result)
+                meta, result = views.meta_and_result(client.store, run_id)
                 status = meta.stored_status
                 if status in _TERMINAL:
                     break
@@ -123,7 +124,7 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
                 status = meta.stored_status
         except StoreUnavailable as exc:
             outage.failed(exc, deadline)
-    while True:
+    while result is None:
         try:
             assert meta is not None
             result = views.run_result(client.store, run_id, meta)  # on the status just read: no second read

@@ -159,18 +159,27 @@ class RedisStore(Compacted, Indexes, Limits):
     @wrap
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
         """Every field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
+        return {name: value for name, value in self.scan_with(run_id, prefix).items() if value is not None}
+
+    @wrap
+    def scan_with(self, run_id: str, prefix: str, also: Sequence[str] = ()) -> dict[str, str | None]:
+        """Every field that starts with ``prefix``, and the ``also`` fields (None: absent), read in
+        one round trip with the first scan step (wait's read of a run that ended: its meta and its
+        tasks' records at once)."""
         run = k.RunKeys.of(run_id).run
-        pipe = self.client.pipeline(transaction=False)  # the marker and the first scan step: one round trip
-        pipe.hmget(run, [fld.F_COMPACT])
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(run, [*also, fld.F_COMPACT])
         pipe.hscan(run, 0, match=f"{prefix}*", count=1000)
-        (marker,), (cursor, found) = pipe.execute()
+        (*values, marker), (cursor, found) = pipe.execute()
         if marker is not None:
-            return {name: value for name, value in self.compacted_fields(run_id).items() if name.startswith(prefix)}
+            moved = self.compacted_fields(run_id)
+            return {**{name: moved.get(name) for name in also},
+                    **{name: value for name, value in moved.items() if name.startswith(prefix)}}
         found = dict(found)
         while int(cursor):
             cursor, more = self.client.hscan(run, cursor, match=f"{prefix}*", count=1000)
             found.update(more)
-        return found
+        return {**dict(zip(also, values, strict=True)), **found}
 
     @wrap
     def all_fields(self, run_id: str) -> dict[str, str]:

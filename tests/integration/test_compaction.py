@@ -12,6 +12,7 @@ import pytest
 import taskloop as tl
 from taskloop.base.errors import RunExists
 from taskloop.core import fields as fld
+from taskloop.runtime import views
 from taskloop.store import keys as k
 from tests.integration import control_flows as cf
 from tests.integration import fork_flows as ff
@@ -39,6 +40,8 @@ def test_a_finished_run_is_compacted_and_reads_the_same(client, probe) -> None:
     run_id = handle.run_id
     before = (client.inspect(run_id), client.events(run_id), client.result(run_id), held_bytes(probe, run_id))
     assert not compacted(probe, run_id)
+    meta = client._meta(run_id)
+    assert views.meta_and_result(client.store, run_id) == (meta, before[2])  # wait's read once woken
     # When the reconciler has looked at it once since it ended
     wait_until(lambda: compacted(probe, run_id), timeout=COMPACT_WITHIN_S, what="the run compacted")
     # Then it holds a fraction of what it held: no stream, no lease set, its data in one record
@@ -55,6 +58,7 @@ def test_a_finished_run_is_compacted_and_reads_the_same(client, probe) -> None:
     assert a == b
     assert client.events(run_id) == before[1]
     assert client.result(run_id) == before[2]
+    assert views.meta_and_result(client.store, run_id) == (meta, before[2])
     assert client.events(run_id, after=before[1][2].id) == before[1][3:]
     assert client.wait(run_id, timeout=5) == before[2]
     waited = time.monotonic()

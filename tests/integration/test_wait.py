@@ -8,8 +8,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 import taskloop as tl
+from taskloop.runtime import views
 from taskloop.store import keys as k
 from taskloop.store import redis_store
 from tests.integration import flows
@@ -77,3 +79,25 @@ def test_observers_hear_every_event_of_a_run_that_ended_before_the_wait(client) 
     assert [e.id for e in heard] == [e.id for e in client.events(run.run_id)]
     assert heard[-1].type == "run.finished"
     assert sum(1 for e in heard if e.type == "phase" and e.phase == "complete") == 2
+
+
+def test_once_woken_wait_reads_the_meta_and_the_result_in_two_round_trips(client, monkeypatch) -> None:
+    # Given a run that ended and is not compacted yet (its end marker is there)
+    run = client.start(flows.sleeper, input={"seconds": 0})
+    first = run.wait(timeout=30)
+    assert first.status == "done"
+    sent: list[int] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        sent.append(1)
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    # When wait wakes on the marker and reads what it returns
+    assert client.store.block_end(run.run_id, 1000) is True
+    sent.clear()
+    meta, result = views.meta_and_result(client.store, run.run_id)
+    # Then the meta fields and the task records came in one round trip, the values in a second
+    assert len(sent) == 2
+    assert meta.stored_status == "done" and result == first
