@@ -189,6 +189,14 @@ def receipt_field(receipt: str) -> str:
 
 TASK_PREFIX = "t:"
 
+# What a finished run's result reads of each task, as one HSCAN pattern (Redis glob, fnmatch's
+# syntax too): the fields whose names start with t, v, w, b or d, which are the record (t:), the
+# value (v:), the execution (w:, bt:, dl:), the prepared begin (b:), the throttle note (th:) and
+# three short meta fields (term, wf, ver); never the rounds' candidates, checks, feedback and notes
+# (o:, c:, fb:, n:), the input or the state, which are the long texts. tests/unit/test_keys.py
+# holds it to the field names above.
+RESULT_SCAN = "[tvwbd]*"
+
 
 def key_of_task_field(field: str) -> str:
     return field[len(TASK_PREFIX):]

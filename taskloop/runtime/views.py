@@ -37,20 +37,28 @@ def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | Non
     """The result of a finished run, or None while it is still going."""
     if not meta.terminal:
         return None
-    snap = Snapshot(run_id, store.scan_with(run_id, fld.TASK_PREFIX, _RESULT_ALSO),
-                    loader=lambda names: store.hmget(run_id, names))
-    return _result(store, snap, meta)
+    return _result(store, _ended_snapshot(store, run_id, _RESULT_ALSO), meta)
 
 
 def meta_and_result(store: RedisStore, run_id: str) -> tuple[RunMeta, RunResult | None]:
-    """A run's meta, and its result if it ended, from one read of its meta fields and its task
-    records (wait()'s read once the run's end marker woke it; a second read for the values)."""
-    snap = Snapshot(run_id, store.scan_with(run_id, fld.TASK_PREFIX, [*fld.META_FIELDS, *_RESULT_ALSO]),
-                    loader=lambda names: store.hmget(run_id, names))
+    """A run's meta, and its result if it ended, in one round trip: its meta fields and, in the
+    same pipeline, a scan of the fields a result reads of each task (wait()'s read once the run's
+    end marker woke it)."""
+    snap = _ended_snapshot(store, run_id, [*fld.META_FIELDS, *_RESULT_ALSO])
     if not snap.exists:
         raise RunNotFound(run_id)
     meta = snap.meta()
     return meta, _result(store, snap, meta) if meta.terminal else None
+
+
+def _ended_snapshot(store: RedisStore, run_id: str, also: Sequence[str]) -> Snapshot:
+    """The ``also`` fields and every field of fld.RESULT_SCAN (each task's record, value and
+    execution), read at once; a field of that pattern the scan did not find is absent."""
+    found = store.scan_with(run_id, fld.RESULT_SCAN, also)
+    keys = [fld.key_of_task_field(name) for name in found if name.startswith(fld.TASK_PREFIX)]
+    absent = {name: None for key in keys for name in (*fld.record_fields(key), fld.value_field(key))
+              if name not in found}
+    return Snapshot(run_id, {**absent, **found}, loader=lambda names: store.hmget(run_id, names))
 
 
 # what a result reads besides the task records and values: the usage counters and the observer errors' count

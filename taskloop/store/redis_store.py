@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -159,26 +160,30 @@ class RedisStore(Compacted, Indexes, Limits):
     @wrap
     def scan_fields(self, run_id: str, prefix: str) -> dict[str, str]:
         """Every field that starts with ``prefix`` (HSCAN: inspect and results, not the hot path)."""
-        return {name: value for name, value in self.scan_with(run_id, prefix).items() if value is not None}
+        return {name: value for name, value in self.scan_with(run_id, f"{prefix}*").items() if value is not None}
 
     @wrap
-    def scan_with(self, run_id: str, prefix: str, also: Sequence[str] = ()) -> dict[str, str | None]:
-        """Every field that starts with ``prefix``, and the ``also`` fields (None: absent), read in
-        one round trip with the first scan step (wait's read of a run that ended: its meta and its
-        tasks' records at once)."""
+    def scan_with(self, run_id: str, match: str, also: Sequence[str] = ()) -> dict[str, str | None]:
+        """Every field whose name matches the glob ``match``, and the ``also`` fields (None: absent),
+        read in one round trip with the first scan step (wait's read of a run that ended: its meta
+        and its tasks at once). A field that matches and is not in the answer is not in the run."""
         run = k.RunKeys.of(run_id).run
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(run, [*also, fld.F_COMPACT])
-        pipe.hscan(run, 0, match=f"{prefix}*", count=1000)
+        pipe.hscan(run, 0, match=match, count=1000)
         (*values, marker), (cursor, found) = pipe.execute()
+        found = dict(found)
+        steps = 1
+        while int(cursor) and marker is None:
+            cursor, more = self.client.hscan(run, cursor, match=match, count=1000)
+            found.update(more)
+            steps += 1
+        if steps > 1 and marker is None:  # compacted while it was scanned: its fields moved
+            marker = self.client.hget(run, fld.F_COMPACT)
         if marker is not None:
             moved = self.compacted_fields(run_id)
             return {**{name: moved.get(name) for name in also},
-                    **{name: value for name, value in moved.items() if name.startswith(prefix)}}
-        found = dict(found)
-        while int(cursor):
-            cursor, more = self.client.hscan(run, cursor, match=f"{prefix}*", count=1000)
-            found.update(more)
+                    **{name: value for name, value in moved.items() if fnmatch.fnmatchcase(name, match)}}
         return {**dict(zip(also, values, strict=True)), **found}
 
     @wrap

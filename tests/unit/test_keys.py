@@ -129,3 +129,14 @@ def test_graph_fields_and_fleet_counters() -> None:
     assert fld.receipt_field("req-1") == "r:req-1"
     assert fld.started_stat("wf") == "started:wf"
     assert fld.finished_stat("wf", "failed", "limit") == "finished:wf:failed:limit"
+
+
+@pytest.mark.parametrize("key", ["loop", "a", "draft.v2", "t", "v-1"])
+def test_the_result_scan_finds_each_tasks_record_value_and_execution_and_no_long_text(key: str) -> None:
+    import fnmatch
+
+    read = [*fld.record_fields(key), fld.value_field(key)]
+    assert all(fnmatch.fnmatchcase(name, fld.RESULT_SCAN) for name in read)
+    long_texts = [fld.candidate_field(key, 2), fld.check_field(key, 2), fld.feedback_field(key, 2),
+                  fld.notes_field(key, 2, "attempt"), fld.F_INPUT, fld.F_STATE]
+    assert not any(fnmatch.fnmatchcase(name, fld.RESULT_SCAN) for name in long_texts)
