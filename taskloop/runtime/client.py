@@ -196,6 +196,7 @@ class TaskLoop:
 
     def result(self, run_id: str) -> RunResult | None:
         """The result of a finished run, or None while it is still going."""
+        # the meta first: a run still going costs one HMGET (a poll), not a scan of its tasks
         return views.run_result(self.store, run_id, self._meta(run_id))
 
     def inspect(self, run_id: str) -> RunView:

@@ -44,6 +44,7 @@ def meta_and_result(store: RedisStore, run_id: str) -> tuple[RunMeta, RunResult 
     """A run's meta, and its result if it ended, in one round trip: its meta fields and, in the
     same pipeline, a scan of the fields a result reads of each task (wait()'s read once the run's
     end marker woke it)."""
+    names.check_run_id(run_id)  # an id no run can have: InvalidInput (it is never sent to Redis)
     snap = _ended_snapshot(store, run_id, [*fld.META_FIELDS, *_RESULT_ALSO])
     if not snap.exists:
         raise RunNotFound(run_id)
