@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.run import latency, settle
-from bench.systems import REPO, Baseline, BaselineKombu, System, TaskLoopSystem
-from taskloop.ops.embedded import RedisServer
+from bench.systems import Baseline, BaselineKombu, System, TaskLoopSystem, bench_redis
 
 ALONE_BLOCK = 50
 
@@ -51,11 +49,7 @@ def main() -> None:
     parser.add_argument("--alone", action="store_true", help="taskloop only, blocks of 50 loops")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    server = RedisServer().start()
-    logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO), "BENCH_BASELINE_KOMBU_CLIENTS": "0"}
-    env.pop("TASKLOOP_BROKER_URL", None)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    server, logdir, env = bench_redis()
     tl = TaskLoopSystem(server, env, logdir)
     systems: list[System] = [tl] if args.alone else [Baseline(server, env, logdir),
                                                      BaselineKombu(server, env, logdir), tl]

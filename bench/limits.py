@@ -43,8 +43,8 @@ from typing import Any
 
 import redis
 
-from bench.systems import REPO, Failure
-from taskloop.ops.embedded import RedisServer, wait_until_ready
+from bench.systems import Failure, bench_redis
+from taskloop.ops.embedded import wait_until_ready
 from taskloop.store.keys import LimitKeys
 
 SECTIONS = ("rate", "release", "admission")
@@ -292,11 +292,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=WINDOWS,
                         help="the rate section's backlog, in windows of R starts (default %(default)s)")
     args = parser.parse_args()
-    server = RedisServer().start()
-    logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO)}
-    env.pop("TASKLOOP_BROKER_URL", None)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    server, logdir, env = bench_redis(baseline_kombu_env=False)
     results: dict[str, Any] = {}
     try:
         for section in args.only:

@@ -55,6 +55,7 @@ from bench.systems import (
     Failure,
     System,
     TaskLoopSystem,
+    bench_redis,
     commandstats,
     counted,
     wait_finished,
@@ -330,11 +331,7 @@ def section_cancel(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, An
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    server = RedisServer().start()
-    logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO), "BENCH_BASELINE_KOMBU_CLIENTS": "0"}
-    env.pop("TASKLOOP_BROKER_URL", None)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    server, logdir, env = bench_redis()
     baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
     pair: list[System] = [baseline, tl]
     # the loops are measured against three: Celery's defaults, the same with taskloop's kombu fix,

@@ -27,6 +27,21 @@ POLL_S = 0.005
 IGNORED_COMMANDS = {"info", "llen", "ping"}  # the benchmark's own polling
 
 
+def bench_redis(baseline_kombu_env: bool = True) -> tuple[RedisServer, Path, dict[str, str]]:
+    """The benchmark's own redis-server (AOF on, in a temporary directory, which also holds the
+    workers' logs) and the environment its workers and this process run with: the store and the
+    broker on that server, this repository on the path; with ``baseline_kombu_env`` the hand-rolled
+    loop's workers run without taskloop's kombu fix unless a system asks for it
+    (``BaselineKombu``)."""
+    server = RedisServer().start()
+    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO)}
+    if baseline_kombu_env:
+        env["BENCH_BASELINE_KOMBU_CLIENTS"] = "0"
+    env.pop("TASKLOOP_BROKER_URL", None)
+    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    return server, Path(server.directory), env
+
+
 class Failure(Exception):
     """A run or loop ended in the wrong state."""
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from bench.systems import REPO, Baseline, Failure, TaskLoopSystem, cpu_seconds, wait_finished
-from taskloop.ops.embedded import RedisServer, free_port
+from bench.systems import Baseline, Failure, TaskLoopSystem, bench_redis, cpu_seconds, wait_finished
+from taskloop.ops.embedded import free_port
 
 SECTIONS = ("render", "list", "pages")
 PAGES = 20
@@ -211,11 +210,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    server = RedisServer().start()
-    logdir = Path(server.directory)
-    env = {**os.environ, "TASKLOOP_REDIS_URL": server.url, "PYTHONPATH": str(REPO), "BENCH_BASELINE_KOMBU_CLIENTS": "0"}
-    env.pop("TASKLOOP_BROKER_URL", None)
-    os.environ.update({k: v for k, v in env.items() if k.startswith("TASKLOOP_")})
+    server, logdir, env = bench_redis()
     tl, baseline = TaskLoopSystem(server, env, logdir), Baseline(server, env, logdir)
     results: dict[str, Any] = {}
     try:
