@@ -32,6 +32,10 @@ from taskloop.runtime.models import (
 )
 from taskloop.store.redis_store import RedisStore
 
+# what a result reads besides the task records and values: the usage counters and the observer errors' count
+_RESULT_ALSO = (*fld.USAGE_FIELDS, fld.stat_field("observer_errors"))
+_META_AND_RESULT = (*fld.META_FIELDS, *_RESULT_ALSO)
+
 
 def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | None:
     """The result of a finished run, or None while it is still going."""
@@ -42,12 +46,22 @@ def run_result(store: RedisStore, run_id: str, meta: RunMeta) -> RunResult | Non
 
 def meta_and_result(store: RedisStore, run_id: str) -> tuple[RunMeta, RunResult | None]:
     """A run's meta, and its result if it ended, in one round trip: its meta fields and, in the
-    same pipeline, a scan of the fields a result reads of each task (wait()'s read once the run's
-    end marker woke it)."""
+    same pipeline, a scan of the fields a result reads of each task."""
     names.check_run_id(run_id)  # an id no run can have: InvalidInput (it is never sent to Redis)
-    snap = _ended_snapshot(store, run_id, [*fld.META_FIELDS, *_RESULT_ALSO])
+    return _meta_and_result(store, _ended_snapshot(store, run_id, _META_AND_RESULT))
+
+
+def woken_result(store: RedisStore, run_id: str, block_ms: int) -> tuple[RunMeta, RunResult | None] | None:
+    """Wait up to ``block_ms`` for the run's end marker; once it wakes, what ``meta_and_result``
+    reads, in the round trip of the wake itself (store.block_end_scan: wait()'s first block).
+    None: nothing woke it."""
+    found = store.block_end_scan(run_id, block_ms, fld.RESULT_SCAN, _META_AND_RESULT)
+    return None if found is None else _meta_and_result(store, _scanned_snapshot(store, run_id, found))
+
+
+def _meta_and_result(store: RedisStore, snap: Snapshot) -> tuple[RunMeta, RunResult | None]:
     if not snap.exists:
-        raise RunNotFound(run_id)
+        raise RunNotFound(snap.run_id)
     meta = snap.meta()
     return meta, _result(store, snap, meta) if meta.terminal else None
 
@@ -55,15 +69,16 @@ def meta_and_result(store: RedisStore, run_id: str) -> tuple[RunMeta, RunResult 
 def _ended_snapshot(store: RedisStore, run_id: str, also: Sequence[str]) -> Snapshot:
     """The ``also`` fields and every field of fld.RESULT_SCAN (each task's record, value and
     execution), read at once; a field of that pattern the scan did not find is absent."""
-    found = store.scan_with(run_id, fld.RESULT_SCAN, also)
+    return _scanned_snapshot(store, run_id, store.scan_with(run_id, fld.RESULT_SCAN, also))
+
+
+def _scanned_snapshot(store: RedisStore, run_id: str, found: dict[str, str | None]) -> Snapshot:
+    """A snapshot of what a scan of fld.RESULT_SCAN found (a field of that pattern it did not find
+    is absent)."""
     keys = [fld.key_of_task_field(name) for name in found if name.startswith(fld.TASK_PREFIX)]
     absent = {name: None for key in keys for name in (*fld.record_fields(key), fld.value_field(key))
               if name not in found}
     return Snapshot(run_id, {**absent, **found}, loader=lambda names: store.hmget(run_id, names))
-
-
-# what a result reads besides the task records and values: the usage counters and the observer errors' count
-_RESULT_ALSO = (*fld.USAGE_FIELDS, fld.stat_field("observer_errors"))
 
 
 def _result(store: RedisStore, snap: Snapshot, meta: RunMeta) -> RunResult:

@@ -12,7 +12,7 @@ from taskloop.base import clock, names
 from taskloop.base.config import Settings
 from taskloop.base.errors import RunTimeout, StoreUnavailable
 from taskloop.core import events as ev
-from taskloop.core.events import Observer, notify
+from taskloop.core.events import Event, Observer, notify
 from taskloop.core.phases import TERMINAL_RUN
 from taskloop.core.snapshot import RunMeta
 from taskloop.runtime import views
@@ -91,6 +91,10 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
     observers = [*client._observers, *([on_event] if on_event else [])]
     last = "0-0"
     failures: list[dict[str, str]] = []
+    # The first block pipelines the result's read behind it: a run that ends within it (most short
+    # runs) costs no round trip after the wake. Later blocks wait alone, so a long run's wait does
+    # not scan its records at every slice.
+    first = True
     # Observers hear every event of the run, also when it ended before this wait began.
     while status not in _TERMINAL or observers:
         remaining = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - clock.now())
@@ -100,19 +104,25 @@ def wait(client: WaitingClient, run_id: str, timeout: float | None = None, on_ev
                 "wait again, or look at it with `taskloop inspect`"
             )
         try:
+            woken: tuple[RunMeta, RunResult | None] | None = None  # the run ended: its meta and result
+            events: list[Event] = []
             if not observers:
-                ended = client.store.block_end(run_id, int(remaining * 1000))
-                events = []
+                if first:  # the result's read rides on the wake (views.woken_result)
+                    first = False
+                    woken = views.woken_result(client.store, run_id, int(remaining * 1000))
+                elif client.store.block_end(run_id, int(remaining * 1000)):
+                    woken = views.meta_and_result(client.store, run_id)  # one read (both at once)
             else:  # an ended run's events are all there: read them without blocking
                 block_ms = 1 if status in _TERMINAL else int(remaining * 1000)
                 events = client.store.block_events(run_id, last, block_ms)
-                ended = any(e.type == ev.RUN_FINISHED for e in events)
             outage.recovered()
             if events:
                 last = events[-1].entry_id or last
                 failures += notify(observers, events)
-            if ended:  # the meta and the result in one read (views.meta_and_result)
-                meta, result = views.meta_and_result(client.store, run_id)
+                if any(e.type == ev.RUN_FINISHED for e in events):
+                    woken = views.meta_and_result(client.store, run_id)
+            if woken is not None:
+                meta, result = woken
                 status = meta.stored_status
                 if status in _TERMINAL:
                     break

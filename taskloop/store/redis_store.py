@@ -172,7 +172,13 @@ class RedisStore(Compacted, Indexes, Limits):
         pipe.hmget(run, [*also, fld.F_COMPACT])
         pipe.hscan(run, 0, match=match, count=1000)
         (*values, marker), (cursor, found) = pipe.execute()
-        found = dict(found)
+        return self._scanned(run_id, match, also, values, marker, cursor, dict(found))
+
+    def _scanned(self, run_id: str, match: str, also: Sequence[str], values: list[str | None], marker: str | None,
+                 cursor: int | str, found: dict[str, str]) -> dict[str, str | None]:
+        """scan_with's answer from its first step's replies (the ``also`` values, the compaction
+        marker, the scan's cursor and fields): the rest of the scan, or the compact record."""
+        run = k.RunKeys.of(run_id).run
         steps = 1
         while int(cursor) and marker is None:
             cursor, more = self.client.hscan(run, cursor, match=match, count=1000)
@@ -309,6 +315,32 @@ class RedisStore(Compacted, Indexes, Limits):
         end = k.RunKeys.of(run_id).end
         timeout = max(block_ms, 1) / 1000.0
         return self._block(timeout, lambda c: c.blmove(end, end, timeout, "LEFT", "RIGHT"), None) is not None
+
+    @wrap
+    def block_end_scan(self, run_id: str, block_ms: int, match: str,
+                       also: Sequence[str] = ()) -> dict[str, str | None] | None:
+        """``block_end``, and once the end marker wakes it, ``scan_with``'s read in the same round
+        trip: the reads are pipelined behind the blocking BLMOVE, and Redis runs them as soon as the
+        marker is pushed, on the run as the write that ended it left it. None: the block timed out
+        (the reads' answers are dropped: a caller that waits again reads what it needs). On a
+        Cluster, where a pipeline takes no blocking command, the read follows the wake."""
+        if clients.is_cluster(self.client):
+            return self.scan_with(run_id, match, also) if self.block_end(run_id, block_ms) else None
+        keys = k.RunKeys.of(run_id)
+        timeout = max(block_ms, 1) / 1000.0
+
+        def call(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.blmove(keys.end, keys.end, timeout, "LEFT", "RIGHT")
+            pipe.hmget(keys.run, [*also, fld.F_COMPACT])
+            pipe.hscan(keys.run, 0, match=match, count=1000)
+            return list(pipe.execute())
+
+        replies = self._block(timeout, call, None)
+        if replies is None or replies[0] is None:
+            return None
+        _, (*values, marker), (cursor, found) = replies
+        return self._scanned(run_id, match, also, values, marker, cursor, dict(found))
 
     # writes of one run ----------------------------------------------------------------------
     @wrap

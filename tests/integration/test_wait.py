@@ -101,3 +101,40 @@ def test_once_woken_wait_reads_the_meta_and_the_result_in_one_round_trip(client,
     # Then the meta fields, the task records and their values came in one round trip
     assert len(sent) == 1
     assert meta.stored_status == "done" and result == first
+
+
+def test_the_first_block_of_a_wait_brings_the_result_in_the_round_trip_of_the_wake(client, monkeypatch) -> None:
+    # Given a client whose blocking connection is open (a first wait opened it), and a run that is
+    # still going when its wait begins
+    client.start(flows.sleeper, input={"seconds": 0}).wait(timeout=30)
+    sent: list[int] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        sent.append(1)
+        return real(self, command, check_health)
+
+    run = client.start(flows.sleeper, input={"seconds": 0.5})
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    # When it is waited for
+    result = run.wait(timeout=30)
+    # Then the wait took two round trips: the run's status first, then the block, which woke on the
+    # end marker with the meta, the records and the values read behind it
+    assert len(sent) == 2
+    assert result.status == "done" and result.values == {"nap": 0.5}
+    monkeypatch.undo()
+    assert result == client.result(run.run_id)
+
+
+def test_a_woken_read_is_the_run_as_it_ended_and_none_until_it_ends(client) -> None:
+    # Given a run that takes a second
+    run = client.start(flows.sleeper, input={"seconds": 1})
+    # When its end is waited for less than that, then past its end
+    early = views.woken_result(client.store, run.run_id, 200)
+    woken = views.woken_result(client.store, run.run_id, 10_000)
+    # Then the short block timed out with nothing, and the long one brought the meta and the result
+    assert early is None
+    assert woken is not None
+    meta, result = woken
+    assert meta.stored_status == "done" and result is not None
+    assert (meta, result) == views.meta_and_result(client.store, run.run_id)
