@@ -145,7 +145,7 @@ def section_loops(systems: list[System], args: argparse.Namespace, events: bool)
         system.start_workers(2, events=events)
         system.throughput("accept", 50)  # warm-up: imports, connections, scripts
     out = {mode: compare(systems, mode, n, repeats) for mode in ("accept", "exhaust")}
-    runs = 20 if args.quick else 50
+    runs = 20 if args.quick else 150  # 15 blocks of ten per system: a slow stretch of the machine weighs less
     # right after the throughput runs: taskloop's reconciler is still forgetting and compacting them
     # (a worker's main process; the systems not measured are paused, so that work waits for its turn)
     out["latency"] = latency(systems, runs)
