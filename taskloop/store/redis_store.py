@@ -87,6 +87,13 @@ def _entry_order(entry_id: str) -> tuple[int, int]:
     return int(millis), int(seq or 0)
 
 
+def _first_scan_step(pipe: Any, run: str, match: str, also: Sequence[str]) -> None:
+    """Queue scan_with's first step on ``pipe``: the ``also`` fields with the compaction marker,
+    then one HSCAN step of ``match`` (RedisStore._scanned reads their replies)."""
+    pipe.hmget(run, [*also, fld.F_COMPACT])
+    pipe.hscan(run, 0, match=match, count=1000)
+
+
 class RedisStore(Compacted, Indexes, Limits):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (errors.describe)."""
@@ -167,10 +174,8 @@ class RedisStore(Compacted, Indexes, Limits):
         """Every field whose name matches the glob ``match``, and the ``also`` fields (None: absent),
         read in one round trip with the first scan step (wait's read of a run that ended: its meta
         and its tasks at once). A field that matches and is not in the answer is not in the run."""
-        run = k.RunKeys.of(run_id).run
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(run, [*also, fld.F_COMPACT])
-        pipe.hscan(run, 0, match=match, count=1000)
+        _first_scan_step(pipe, k.RunKeys.of(run_id).run, match, also)
         (*values, marker), (cursor, found) = pipe.execute()
         return self._scanned(run_id, match, also, values, marker, cursor, dict(found))
 
@@ -332,8 +337,7 @@ class RedisStore(Compacted, Indexes, Limits):
         def call(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             pipe.blmove(keys.end, keys.end, timeout, "LEFT", "RIGHT")
-            pipe.hmget(keys.run, [*also, fld.F_COMPACT])
-            pipe.hscan(keys.run, 0, match=match, count=1000)
+            _first_scan_step(pipe, keys.run, match, also)
             return list(pipe.execute())
 
         replies = self._block(timeout, call, None)
