@@ -141,19 +141,19 @@ def test_a_woken_read_is_the_run_as_it_ended_and_none_until_it_ends(client) -> N
 
 
 def test_a_run_that_outlasts_the_first_block_is_read_after_a_later_wake(client, monkeypatch) -> None:
-    # Given blocks of 0.3 s (5 s as shipped) and a run that takes a second: it outlasts the first
-    # block, the one that pipelines the result's read behind it
-    monkeypatch.setattr(waiting, "_WAIT_SLICE_S", 0.3)
+    # Given a run that outlasts the first block (5 s as shipped), the one that pipelines the
+    # result's read behind it
+    seconds = waiting._WAIT_SLICE_S + 1
     calls: list[str] = []
     woken, plain = views.woken_result, client.store.block_end
     monkeypatch.setattr(views, "woken_result", lambda *a: calls.append("woken") or woken(*a))
     monkeypatch.setattr(client.store, "block_end", lambda *a: calls.append("block") or plain(*a))
-    run = client.start(flows.sleeper, input={"seconds": 1})
+    run = client.start(flows.sleeper, input={"seconds": seconds})
     # When it is waited for
-    result = run.wait(timeout=30)
+    result = run.wait(timeout=60)
     # Then only the first block carried the read; the later ones waited alone, and the last one's
     # wake was followed by the read, which found the same result
     assert calls[0] == "woken" and calls.count("woken") == 1
     assert calls[1:] and set(calls[1:]) == {"block"}
-    assert result.status == "done" and result.values == {"nap": 1}
+    assert result.status == "done" and result.values == {"nap": seconds}
     assert result == client.result(run.run_id)
