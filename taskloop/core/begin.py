@@ -83,7 +83,7 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
         "caps": [[cap.field, cap.limit, cap.add] for cap in budget_caps(workflow, consumed)],
         "dl": record.deadline, "tmo": task.timeout_ms / 1000.0 if task.timeout_ms and record.deadline is None else None,
         "lease": settings.running_lease_s, "grace": settings.timeout_grace_s,
-        "rd": outcome_fields(workflow, record),
+        "rd": outcome_fields(workflow, record.key, record.phase),
         **({"lim": limits_tag(specs, workflow.name, task.queue or "")} if specs else {}),
     }, separators=(",", ":"), ensure_ascii=False)
 
@@ -91,13 +91,13 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
 PREFETCH_DEPENDENTS = 64  # beyond this many, an outcome reads its dependents when it needs them
 
 
-def outcome_fields(workflow: Workflow, record: TaskRecord) -> list[str]:
+def outcome_fields(workflow: Workflow, key: str, phase: Phase | None) -> list[str]:
     """What the outcome of a phase that may end its task will read besides OUTCOME_FIELDS (which
     the executor asks begin.lua for with the record): the dependents' records (with their execution
     fields), returned with the begin."""
-    if record.phase is Phase.ATTEMPT:
+    if phase is Phase.ATTEMPT:
         return []
-    dependents = workflow.dependents.get(record.key, ())
+    dependents = workflow.dependents.get(key, ())
     if len(dependents) > PREFETCH_DEPENDENTS:
         return []
     return [field for d in dependents for field in fld.record_fields(d)]

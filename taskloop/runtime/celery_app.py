@@ -15,6 +15,7 @@ from taskloop.base.config import Settings, celery_config_module, settings
 from taskloop.base.errors import OutboxUnsupported
 from taskloop.celery_fixes.connection import AMQP
 from taskloop.connections import broker
+from taskloop.core import reads
 from taskloop.core.begin import Dispatch
 from taskloop.core.limits import Waiter
 from taskloop.define.workflow import Workflow
@@ -91,6 +92,8 @@ class Message:
     argsrepr: str
     queue: str | None = None
     countdown: float | None = None
+    # the fields whose values the write that queues it puts into it (core/reads.py; the outbox only)
+    carry: list[str] | None = None
 
     def send(self, app: Celery, producer: Any = None) -> None:
         options: dict[str, Any] = {}
@@ -105,16 +108,20 @@ class Message:
 
 
 def _phase(run_id: str, key: str, phase: str, round_: int, token: int, shadow: str, queue: str | None,
-           countdown: float | None) -> Message:
+           countdown: float | None, carry: list[str] | None = None) -> Message:
     return Message(f"taskloop.{phase}", [run_id, key, round_, token], shadow, f"{run_id} {key} round={round_}",
-                   queue, countdown)
+                   queue, countdown, carry)
 
 
-def phase_message(workflow: Workflow, run_id: str, dispatch: Dispatch) -> Message:
-    """One phase message: ids only, named after the workflow for Flower."""
+def phase_message(workflow: Workflow, run_id: str, dispatch: Dispatch, carry: bool = False) -> Message:
+    """One phase message: ids only, named after the workflow for Flower (``carry``: and, from the
+    outbox, the fields its write reads into it: core/reads.py)."""
     task = workflow.lookup(dispatch.key)
+    fields = reads.carried_fields(workflow, dispatch.key, dispatch.phase, dispatch.round) \
+        if carry and task is not None and not dispatch.countdown else None
     return _phase(run_id, dispatch.key, dispatch.phase.value, dispatch.round, dispatch.token,
-                  phase_name(workflow, dispatch), task.queue if task is not None else None, dispatch.countdown)
+                  phase_name(workflow, dispatch), task.queue if task is not None else None, dispatch.countdown,
+                  fields)
 
 
 def waiter_message(waiter: Waiter) -> Message:
@@ -141,11 +148,11 @@ def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str
     fanout_message(workflow, run_id, keys).send(app, producer)
 
 
-def messages_of(workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> list[Message]:
-    """The messages of a plan's dispatches: the first FANOUT_DIRECT phases themselves, the rest in
-    DISPATCH_TASK messages of FANOUT_CHUNK keys."""
+def messages_of(workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch], carry: bool = False) -> list[Message]:
+    """The messages of a plan's dispatches: the first FANOUT_DIRECT phases themselves (``carry``:
+    with the fields they read), the rest in DISPATCH_TASK messages of FANOUT_CHUNK keys."""
     rest = [d.key for d in dispatches[FANOUT_DIRECT:]]
-    return [*(phase_message(workflow, run_id, d) for d in dispatches[:FANOUT_DIRECT]),
+    return [*(phase_message(workflow, run_id, d, carry) for d in dispatches[:FANOUT_DIRECT]),
             *(fanout_message(workflow, run_id, rest[i:i + FANOUT_CHUNK]) for i in range(0, len(rest), FANOUT_CHUNK))]
 
 
@@ -224,10 +231,12 @@ class PhaseSender:
         """The Redis commands that publish these messages (None: send them after the write)."""
         if not self.folds:
             return None
-        messages = messages_of(workflow, run_id, dispatches)
-        built = [self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown) for m in messages]
+        messages = messages_of(workflow, run_id, dispatches, carry=self.builder.usable)
+        built = [self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown, m.carry is not None)
+                 for m in messages]
         if all(push is not None for push in built):
-            return [("lpush", push) for push in built if push is not None]
+            return [("lpush", (*push, m.carry) if m.carry is not None else push)
+                    for push, m in zip(built, messages, strict=True) if push is not None]
         with self._lock:
             try:
                 return outbox.collect(self._acquire(), lambda: self._locked_send(messages))

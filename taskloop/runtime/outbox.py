@@ -22,8 +22,10 @@ from typing import Any
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.uuid import uuid
 
+from taskloop.base import clock
 from taskloop.base.errors import OutboxUnsupported
 from taskloop.connections import urls
+from taskloop.core import reads
 
 # kombu commands the outbox may run inside cas.lua: the list push of a message and the expiry
 # that kombu adds for queues declared with an expiry.
@@ -121,8 +123,10 @@ class Builder:
         return self._queues[name]
 
     def push(self, task: str, args: list[Any], shadow: str, argsrepr: str, queue: str | None,
-             countdown: float | None = None) -> tuple[str, str] | None:
-        """(the queue's list, the payload to LPUSH), or None when this message needs send_task."""
+             countdown: float | None = None, carry: bool = False) -> tuple[str, str] | None:
+        """(the queue's list, the payload to LPUSH), or None when this message needs send_task.
+        ``carry``: the message gets the headers of one that carries fields (core/reads.py), its
+        values left null for cas.lua to fill in."""
         if not self.usable or countdown:
             return None
         found = self._queue(queue or self.app.conf.task_default_queue)
@@ -142,6 +146,9 @@ class Builder:
             "origin": self._origin(), "ignore_result": True, "replaced_task_nesting": 0,
             "stamped_headers": None, "stamps": {},
         }
+        if carry:
+            headers[reads.QUEUED_AT_HEADER] = clock.now()
+            headers[reads.CARRY_HEADER] = None
         body = json.dumps([args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
                           separators=(",", ":"))
         message = {

@@ -25,6 +25,7 @@ from taskloop.store.calls import wrap
 from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
 from taskloop.store.limit_store import Admission, Limits, as_number, limit_argv, limit_keys
+from taskloop.store.side import Side
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -110,6 +111,7 @@ class RedisStore(Compacted, Indexes, Limits):
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._named: dict[str, float] = {}
         self._legacy_deleted = False
+        self._side: Side | None = None  # for writes whose replies are read later (note_later)
         self._scripts = {name: _Script(load_script(name))
                          for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote")}
 
@@ -151,6 +153,17 @@ class RedisStore(Compacted, Indexes, Limits):
         else:  # compacted: read as hmget reads a compacted run
             snap.fields.update(zip(names[:-1], self.hmget(run_id, names[:-1]), strict=True))
         return snap
+
+    @wrap
+    def note_later(self, run_id: str, note_field: str, note: str) -> Side:
+        """Write one field of a run without waiting (a phase that runs on the fields its message
+        carried, noting that it starts: worker/deferred.py). The write goes on a connection of its
+        own; the returned Side's ``landed()`` reads its reply. Not on a Cluster (no message carries
+        fields there)."""
+        if self._side is None:
+            self._side = Side(self.client)
+        self._side.send("HSET", k.RunKeys.of(run_id).run, note_field, note)
+        return self._side
 
     @wrap
     def unnote(self, run_id: str, note_field: str, note: str, before: str | None) -> None:
@@ -458,5 +471,7 @@ class RedisStore(Compacted, Indexes, Limits):
 
     def close(self) -> None:
         self.client.close()
+        if self._side is not None:
+            self._side.close()
         if self._blocking is not None:
             self._blocking.close()

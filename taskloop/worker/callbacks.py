@@ -124,15 +124,6 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
     return TaskContext(attempt=record.attempts, idempotency_key=idempotency_key, **common)
 
 
-def phase_fields(phase: Phase, key: str, round: int) -> list[str]:
-    """The data a phase's callback takes as an argument (read together with its record)."""
-    if phase is Phase.CHECK:
-        return [fld.candidate_field(key, round)]
-    if phase is Phase.ATTEMPT:  # the feedback: a fork's for this round, else the last check's
-        return [fld.feedback_field(key, round), *([fld.check_field(key, round - 1)] if round > 1 else [])]
-    return []
-
-
 def non_json(problem: str, task: Task, round: int) -> Outcome:
     where = f" round {round}" if task.is_loop else ""
     message = f"outputs must be lossless JSON values: {problem} (task {task.key}{where}); {JSON_FIX}"

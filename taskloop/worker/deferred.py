@@ -1,9 +1,11 @@
-"""The one-call step: a phase whose begin the scheduler prepared runs on one plain read, and its
-begin is written with its outcome.
+"""The one-call step: a phase whose begin the scheduler prepared runs on the fields its message
+carries, or on one plain read, and its begin is written with its outcome.
 
 When the commit that queued a phase prepared its begin (core/begin.py ``prepared_begin``: the
-running record, its lease terms), a worker that receives the phase's message reads the record,
-the run's control flag and the callback's data in one ``HMGET`` (no script), checks in Python
+running record, its lease terms), a worker that receives the phase's message finds the record,
+the run's control flag and the callback's data in the message (a fresh one: core/reads.py, its
+start note sent without waiting, ``on_carried``) or reads them in one ``HMGET`` with its start
+note (no script), checks in Python
 what begin.lua would check (the record is queued under the message's token, the run has no
 control flag, the prepared begin names the same token, no fleet limit and no budget cap), and
 runs the callback. The commit of the outcome then begins and ends the phase in one guarded write
@@ -28,26 +30,27 @@ that does not match its record (a duplicate, a stale or cancelled one), takes th
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from enum import Enum
 
 from taskloop.base import clock
+from taskloop.base.errors import CorruptRecord
 from taskloop.core import fields as fld
+from taskloop.core import reads
 from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, TaskRecord, active_state, advance
 from taskloop.core.rules import control_reason
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task
 from taskloop.runtime.commit import begin
 from taskloop.store.redis_store import RedisStore
+from taskloop.store.side import Side
+from taskloop.worker.messages import Carried
+
+log = logging.getLogger("taskloop.deferred")
 
 MARK_S = 1.0  # a phase still running this long after it started is begun for real (the watcher)
-
-
-def read_fields(key: str, base: list[str], learned: tuple[str, ...]) -> list[str]:
-    """What the one read asks for: the full path's fields (``base``), the prepared begin, and the
-    fields the outcome of this message's phase read last time (its dependents' records)."""
-    return [*base, fld.begin_field(key), fld.started_field(key), *(f for f in learned if f not in base)]
 
 
 def note(token: int, worker: str, started: float) -> str:
@@ -108,6 +111,26 @@ def ready(snap: Snapshot, key: str, phase: Phase, round: int, token: int,
     return Ready.NOW, tuple(name for name in outcome if isinstance(name, str)) if isinstance(outcome, list) else ()
 
 
+def on_carried(store: RedisStore, run_id: str, key: str, phase: Phase, round: int, token: int, carried: Carried,
+               now: float) -> tuple[Ready, Snapshot | None, TaskRecord | None, tuple[str, ...]]:
+    """Whether a message runs on the fields it carries (core/reads.py): ``ready`` on them, with the
+    snapshot they make, the record and the outcome's reads; DECIDE when the message is not fresh,
+    its values are not what a worker reads, or they show no run or a corrupt record (the one read
+    decides, as for any message)."""
+    fields = reads.carried(key, phase, round, carried.values) \
+        if reads.fresh(carried.queued_at, carried.redelivered, now) else None
+    if fields is None or fields.get(fld.F_WORKFLOW) is None or fields.get(fld.task_field(key)) is None:
+        return Ready.DECIDE, None, None, ()
+    snap = Snapshot(run_id, fields, loader=lambda names: store.hmget(run_id, names))
+    try:
+        record = snap.record(key)
+    except CorruptRecord:
+        return Ready.DECIDE, None, None, ()
+    assert record is not None
+    ready_, outcome_reads = ready(snap, key, phase, round, token, record)
+    return ready_, snap, record, outcome_reads
+
+
 def begun(record: TaskRecord, task: Task, worker: str, started: float) -> TaskRecord:
     """The running record this phase runs as (what begin.lua would write, and the commit writes)."""
     return advance(record, PhaseEvent(EventKind.BEGIN, started, worker=worker, timeout_ms=task.timeout_ms))
@@ -131,7 +154,7 @@ class Deferred:
     and learns whether one was."""
 
     def __init__(self, store: RedisStore, run_id: str, key: str, phase: Phase, round: int, token: int,
-                 worker: str, started: float, queued_raw: str) -> None:
+                 worker: str, started: float, queued_raw: str, note: Side | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.key = key
@@ -141,6 +164,7 @@ class Deferred:
         self.worker = worker
         self.started = started
         self.queued_raw = queued_raw
+        self.note = note  # the start note sent without waiting (a message that carried its fields)
         self._lock = threading.Lock()
         self._closed = False
         self.marked: Mark | None = None
@@ -157,6 +181,7 @@ class Deferred:
         with self._lock:
             if self.settled:
                 return self.marked
+            self._note_landed()
             names = [*fld.record_fields(self.key), fld.F_CONTROL]
             reply = begin(self.store, self.run_id, self.key, self.round, self.phase.value, self.token, self.worker,
                           self.started, names)
@@ -170,4 +195,16 @@ class Deferred:
         """No mark from now on: the outcome is being recorded. The mark made before, if any."""
         with self._lock:
             self._closed = True
+            self._note_landed()
             return self.marked
+
+    def _note_landed(self) -> None:
+        """The start note sent without waiting is in Redis before the phase's begin or outcome is
+        written (its reply read; a connection that failed meanwhile is logged, and the write goes on:
+        the begin or outcome written records the execution itself)."""
+        if self.note is not None:
+            note, self.note = self.note, None
+            if not note.landed():
+                log.warning("run %s task %s: the start note of %s round %s may not have landed (the connection "
+                            "failed); its outcome records the execution", self.run_id, self.key, self.phase.value,
+                            self.round)

@@ -1,10 +1,11 @@
 """Executes one phase message on a worker: begin, call, record. It sequences the other worker
-modules; the rules live in them (outcomes.py, recovery.py, cache.py, scheduler.py).
+modules; the rules live in them (deferred.py, outcomes.py, recovery.py, cache.py, limiter.py).
 
-1. **Begin** (one call, begin.lua): when the scheduler prepared this phase, the record moves to
-   running, an attempt is counted and a lease taken, room is taken under the fleet limits that
-   need no key from the worker (limiter.py), and the fields the callback needs come back.
-2. Otherwise the **full path** decides on what begin.lua read: a stale or duplicated message is
+1. **Ready**: a prepared phase runs on the fields its message carries, or on one plain read
+   (deferred.py), and its begin is written with its outcome; a phase under a budget or a fleet
+   limit begins in one call first (begin.lua: the record moves to running, an attempt is counted,
+   a lease and the room under its limits are taken).
+2. Otherwise the **full path** decides on what was read: a stale or duplicated message is
    refused; a redelivery whose execution was lost is replayed (recovery.py); a run whose
    definition is not available here is aborted; on the first execution of an activation the
    condition and the cache are consulted; a cancelled run cancels the phase; then a guarded
@@ -12,8 +13,8 @@ modules; the rules live in them (outcomes.py, recovery.py, cache.py, scheduler.p
 3. **Call** the callback while the watcher sets ``ctx.signal`` (cancel, stop, deadline) and,
    past the grace period, records the outcome itself and stops the process.
 4. **Record** (one call, cas.lua): the outcome as resolved by outcomes.py, with everything the
-   scheduler decides from it and the release of the phase's limit slots (cas_limits.lua); then
-   send the messages it dispatched.
+   scheduler decides from it and the release of the phase's limit slots; the messages it
+   dispatches go out in the same call when the broker is the store's Redis.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from taskloop.base.errors import (
 )
 from taskloop.connections import clients
 from taskloop.core import fields as fld
-from taskloop.core import outcomes
+from taskloop.core import outcomes, reads
 from taskloop.core.events import Event
 from taskloop.core.outcomes import Outcome
 from taskloop.core.phases import (
@@ -44,7 +45,6 @@ from taskloop.core.phases import (
     active_state,
 )
 from taskloop.core.planner import Planner
-from taskloop.core.rules import ENDING_FIELDS
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import Signal
 from taskloop.define.tasks import Task, TaskKind
@@ -55,10 +55,11 @@ from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import cache as caching
 from taskloop.worker import deferred as deferring
-from taskloop.worker import limiter, recovery, refusals
-from taskloop.worker.callbacks import build_context, call_phase, error_record, invoke, phase_fields
+from taskloop.worker import limiter, preparing, recovery, refusals
+from taskloop.worker.callbacks import build_context, call_phase, error_record
 from taskloop.worker.deferred import Deferred
 from taskloop.worker.handled import Handled, Result, handled_of
+from taskloop.worker.messages import Carried
 from taskloop.worker.watcher import Watcher
 
 log = logging.getLogger("taskloop.executor")
@@ -92,14 +93,20 @@ class Executor:
 
     # entry point ----------------------------------------------------------------------------
     def handle(self, phase: Phase, run_id: str, key: str, round: int, token: int,
-               name: str | None = None) -> Handled:
-        """Process one message (``name``: its Celery name, which the limits hints go by)."""
+               name: str | None = None, carried: Carried | None = None) -> Handled:
+        """Process one message (``name``: its Celery name, for the limits hints; ``carried``: the
+        fields its queuing write put into it, core/reads.py)."""
         self.calling = False
         self.name = name
-        fields = self._fields(phase, key, round)
+        fields = reads.message_fields(phase, key, round)
         presented = None if self.cluster else self.hints.presented(name, run_id, key, phase.value, round, token)
-        if presented is None and name not in self.slow:  # one plain read first (deferred.py)
-            handled = self._one_read(phase, run_id, key, round, token, fields)
+        if presented is None and name not in self.slow:  # no read if the message carries it, else one plain read
+            on_carried = self._on_carried(phase, run_id, key, round, token, carried) \
+                if carried is not None and not self.cluster else None
+            if isinstance(on_carried, Handled):
+                return on_carried
+            handled = self._one_read(phase, run_id, key, round, token, fields) \
+                if on_carried is not deferring.Ready.BEGIN_FIRST else None
             if handled is not None:
                 return handled
         reply = begin(self.store, run_id, key, round, phase.value, token, self.worker, clock.now(), fields,
@@ -121,6 +128,20 @@ class Executor:
             return self._began(snap, record, limiter.Holding(presented.held))
         return self._decide(snap, record, phase, round, token)
 
+    def _on_carried(self, phase: Phase, run_id: str, key: str, round: int, token: int,
+                    carried: Carried) -> Handled | deferring.Ready:
+        """The step on the fields the message carries (deferred.py): run now, BEGIN_FIRST or DECIDE."""
+        started = clock.now()
+        ready, snap, record, outcome_reads = deferring.on_carried(self.store, run_id, key, phase, round, token,
+                                                                  carried, started)
+        if ready is deferring.Ready.BEGIN_FIRST:
+            self.slow.add(self.name)
+        if ready is not deferring.Ready.NOW:
+            return ready
+        assert snap is not None and record is not None
+        self.learned[self.name] = outcome_reads
+        return self._run_deferred(snap, record, phase, token, started, carried=True)
+
     def _one_read(self, phase: Phase, run_id: str, key: str, round: int, token: int,
                   fields: list[str]) -> Handled | None:
         """The step on one read (deferred.py): the phase runs now, or the full path decides on the
@@ -128,7 +149,7 @@ class Executor:
         started = clock.now()
         note = fld.started_field(key)
         mine = deferring.note(token, self.worker, started)
-        snap = self.store.read_noting(run_id, deferring.read_fields(key, fields, self.learned.get(self.name, ())),
+        snap = self.store.read_noting(run_id, reads.read_fields(key, fields, self.learned.get(self.name, ())),
                                       note, mine)
         before = snap.fields.get(note)
         read = self._read(snap, key, phase, round)
@@ -163,16 +184,6 @@ class Executor:
         assert record is not None
         return record
 
-    def _fields(self, phase: Phase, key: str, round: int) -> list[str]:
-        """What a message reads first: the record's fields and the control flag (begin.lua's order),
-        the definition's identity, the callback's data, and for a phase that may end its task the
-        fields of the run's final status."""
-        fields = [*fld.record_fields(key), fld.F_CONTROL, fld.F_WORKFLOW, fld.F_VERSION, fld.F_FINGERPRINT,
-                  fld.throttle_field(key), *phase_fields(phase, key, round)]
-        if phase is not Phase.ATTEMPT:  # a check or a plain task may end its task, and then the run
-            fields += ENDING_FIELDS
-        return fields
-
     # deciding -------------------------------------------------------------------------------
     def workflow_of(self, snap: Snapshot) -> Workflow:
         return recovery.workflow_for(snap, self.worker)
@@ -204,16 +215,20 @@ class Executor:
         finally:
             self._release(holding)
 
-    def _run_deferred(self, snap: Snapshot, record: TaskRecord, phase: Phase, token: int, started: float) -> Handled:
-        """Run a prepared phase on the one read: its begin is written with its outcome (deferred.py)."""
+    def _run_deferred(self, snap: Snapshot, record: TaskRecord, phase: Phase, token: int, started: float,
+                      carried: bool = False) -> Handled:
+        """Run a prepared phase on the one read, or on its message's fields (its start note sent now,
+        read before the outcome is written): its begin is written with its outcome (deferred.py)."""
         found = self._definition(snap, record)
         if isinstance(found, Handled):
             return found
         workflow, task = found
         queued_raw = snap.raw_record(task.key)
         assert queued_raw is not None
+        note = self.store.note_later(snap.run_id, fld.started_field(task.key),
+                                     deferring.note(token, self.worker, started)) if carried else None
         deferred = Deferred(self.store, snap.run_id, task.key, phase, record.round, token, self.worker, started,
-                            queued_raw)
+                            queued_raw, note)
         return self._run(workflow, task, snap, deferring.begun(record, task, self.worker, started), deferred=deferred)
 
     def _decide(self, snap: Snapshot, record: TaskRecord, phase: Phase, round: int, token: int) -> Handled:
@@ -273,27 +288,12 @@ class Executor:
 
     def _prepare(self, workflow: Workflow, task: Task, snap: Snapshot,
                  record: TaskRecord) -> caching.Lookup | Handled:
-        """Condition and cache, before the first execution of an activation (attempt 0)."""
+        """Condition and cache (preparing.py): the lookup to begin with, or their outcome, recorded."""
         ctx = build_context(self.store, workflow, task, snap, record, Signal(), None, self.caps)
-        if task.condition is not None:
-            try:
-                keep = invoke(task.condition, ctx)
-            except Exception as exc:
-                return self._commit_outcome(workflow, task, snap, record,
-                                            Outcome(EventKind.FAIL, error=error_record(exc)))
-            if not keep:
-                return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.SKIP, reason="condition"))
-        if task.cache is None or record.attempts:  # no cache lookup on a resume
-            return caching.Lookup()
-        store = caching.store_for(task.cache, self.store, self.settings.cache_ttl_s)
-        found = caching.lookup(task.cache, ctx, workflow.name, task.key, store, clock.now(), self.caps.output)
-        if found.error is not None:
-            return self._commit_outcome(workflow, task, snap, record, Outcome(EventKind.FAIL, error=found.error),
-                                        found.events)
-        if found.hit:
-            assert found.value_raw is not None
-            hit = Outcome(EventKind.SUCCEED, {fld.value_field(task.key): found.value_raw}, cache_hit=True)
-            return self._commit_outcome(workflow, task, snap, record, hit, found.events)
+        found = preparing.prepare(task, ctx, workflow.name, self.store, self.settings.cache_ttl_s, record.attempts,
+                                  self.caps.output)
+        if isinstance(found, preparing.Decided):
+            return self._commit_outcome(workflow, task, snap, record, found.outcome, found.events)
         return found
 
     def _admit(self, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from taskloop.base import names
 from taskloop.base.text import cut, shown
+from taskloop.core import reads
 from taskloop.ops import metrics
 from taskloop.worker import replies
 
@@ -112,6 +113,34 @@ class StartMessage(BaseModel):
     @classmethod
     def _run(cls, value: str | None) -> str | None:
         return None if value is None else _run_id(value)
+
+
+class Carried(BaseModel):
+    """What a phase message carries besides its ids, when the write that queued it put the fields it
+    reads into it (core/reads.py): their values, when it was queued, and whether it is marked as
+    delivered before (worker/replies.py). A header that is not this is ignored: the worker reads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    values: list[StrictStr | None] = Field(max_length=1000)
+    queued_at: float | None
+    redelivered: bool = False
+
+
+def carried_of(request: Any) -> Carried | None:
+    """The carried fields of a Celery task request (its ``tl_carry`` and ``tl_at`` headers and its
+    ``redelivered`` mark, in the headers or the delivery info), or None."""
+    values = getattr(request, reads.CARRY_HEADER, None)
+    if values is None:
+        return None
+    info = getattr(request, "delivery_info", None) or {}
+    redelivered = bool(getattr(request, "redelivered", None) or (isinstance(info, dict) and info.get("redelivered")))
+    try:
+        return Carried(values=values, queued_at=getattr(request, reads.QUEUED_AT_HEADER, None), redelivered=redelivered)
+    except ValidationError as exc:
+        log.warning("a phase message's %s header is not what taskloop writes (%s); the worker reads instead",
+                    reads.CARRY_HEADER, problem_of(exc))
+        return None
 
 
 def positional(args: tuple[Any, ...], kwargs: dict[str, Any], *fields: str) -> dict[str, Any]:

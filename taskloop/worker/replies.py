@@ -67,6 +67,13 @@ class PhaseRequest(Request):  # type: ignore[misc]  # Celery is untyped
             and not self._already_revoked)
         if lost:
             pool_loss.replay(self.task.app, self.type, self.args, self.hostname, self.worker_pid)
+            # Celery then puts this very message back (task_reject_on_worker_lost). Marked as
+            # delivered before, the copy reads the run instead of running on the fields it carried,
+            # which are from before the loss (core/reads.py). kombu marks only its own restores
+            # this way, and without ack emulation not in the headers.
+            headers = getattr(self.message, "headers", None)
+            if isinstance(headers, dict):
+                headers["redelivered"] = True
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def send_event(self, type: str, **fields: Any) -> Any:

@@ -61,9 +61,9 @@ def executor(app: Celery, hostname: str) -> Executor:
 
 
 def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-            name: str | None = None) -> str:
+            name: str | None = None, carried: messages.Carried | None = None) -> str:
     """One phase message: the reply Celery records (replies.py). ``name``: the message's Celery name
-    (its shadow, ``<workflow>.<key>.<phase>``)."""
+    (its shadow, ``<workflow>.<key>.<phase>``); ``carried``: the fields it carries (core/reads.py)."""
     message = messages.read(messages.PhaseMessage, f"taskloop.{phase.value}", args, kwargs,
                             ("run_id", "key", "round", "token"))
     if isinstance(message, str):
@@ -71,7 +71,7 @@ def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ..
     worker: Executor | None = None
     try:
         worker = executor(app, hostname or "worker")
-        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token, name)
+        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token, name, carried)
     except StoreUnavailable as exc:
         if worker is not None and worker.calling:
             raise  # the callback ran: its outcome was retried for TASKLOOP_RECORD_OUTAGE_S; its lease replays it
@@ -94,15 +94,18 @@ def register(app: Celery) -> None:
 
     @app.task(name="taskloop.attempt", **options)
     def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow)
+        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow,
+                       messages.carried_of(self.request))
 
     @app.task(name="taskloop.check", **options)
     def check(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow)
+        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow,
+                       messages.carried_of(self.request))
 
     @app.task(name="taskloop.run", **options)
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow)
+        return execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow,
+                       messages.carried_of(self.request))
 
     @app.task(name=taskloop_app.START_TASK, **options)
     def start(self: Any, *args: Any, **kwargs: Any) -> str:

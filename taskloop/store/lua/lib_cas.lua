@@ -23,9 +23,10 @@
 --   "p": true PERSIST the run's keys and DEL end (a resumed run is live again)
 --   "k": [[n, score]...] ZADD the run (KEYS[1]'s run id, ARGV[3]) to run list KEYS[4 + n] at
 --        score, or ZREM it when score is false
--- "q" (optional): [["lpush", k, payload] | ["pexpire", k, ms]] the Celery messages the write
---   dispatches, exactly as kombu would publish them (taskloop/runtime/outbox.py): sent if and only if
---   the write is applied.
+-- "q" (optional): [["lpush", k, payload, fields?] | ["pexpire", k, ms]] the Celery messages the
+--   write dispatches, exactly as kombu would publish them (taskloop/runtime/outbox.py): sent if and
+--   only if the write is applied, after its writes; a push that names fields carries their values
+--   in its payload (see carried below).
 -- "z" (optional): HINCRBY the run's open-task counter (field z.f) by z.n, then apply z.w if it
 -- reached 0: the writes that finish the run, prepared by the scheduler, applied by whichever
 -- write ends the last task.
@@ -44,6 +45,26 @@ local function chunked(cmd, key, list, step)
   for i = 1, #list, step do
     redis.call(cmd, key, unpack(list, i, math.min(i + step - 1, #list)))
   end
+end
+
+-- A message that carries fields (taskloop/core/reads.py): its payload holds the header
+-- "tl_carry":null, which becomes the fields' values (HMGET, read after the write's writes: null for
+-- an absent field), unless they add up to more than CARRY_MAX bytes (then it stays null and the
+-- worker reads them itself).
+local CARRY_MAX = 65536
+local CARRY_MARK = '"tl_carry":null'
+
+local function carried(run, payload, names)
+  if type(names) ~= 'table' or #names == 0 or #names > CHUNK then return payload end
+  local at = string.find(payload, CARRY_MARK, 1, true)
+  if not at then return payload end
+  local values = redis.call('HMGET', run, unpack(names))
+  local size = 0
+  for i = 1, #names do
+    if values[i] then size = size + #values[i] else values[i] = cjson.null end
+  end
+  if size > CARRY_MAX then return payload end
+  return string.sub(payload, 1, at - 1) .. '"tl_carry":' .. cjson.encode(values) .. string.sub(payload, at + #CARRY_MARK)
 end
 
 local function cas_guards(run, batch)
@@ -124,11 +145,6 @@ local function cas_apply(KEYS, ARGV, batch)
   end
 
   apply(batch.w or {})
-  for _, push in ipairs(batch.q or {}) do
-    if push[1] == 'lpush' then redis.call('LPUSH', KEYS[4 + push[2]], push[3])
-    elseif push[1] == 'pexpire' then redis.call('PEXPIRE', KEYS[4 + push[2]], push[3])
-    else return redis.error_reply('cas.lua: unknown push ' .. tostring(push[1])) end
-  end
   local open = false
   if batch.z then
     if at[batch.z.f] then flush() end
@@ -136,6 +152,12 @@ local function cas_apply(KEYS, ARGV, batch)
     if open == 0 then apply(batch.z.w) end
   end
   flush()
+  -- the messages go out after every write, so that one that carries fields carries them as written
+  for _, push in ipairs(batch.q or {}) do
+    if push[1] == 'lpush' then redis.call('LPUSH', KEYS[4 + push[2]], carried(run, push[3], push[4]))
+    elseif push[1] == 'pexpire' then redis.call('PEXPIRE', KEYS[4 + push[2]], push[3])
+    else return redis.error_reply('cas.lua: unknown push ' .. tostring(push[1])) end
+  end
   if #entry > 0 then redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(entry)) end
   if expire then
     for _, key in ipairs({run, events, endlist}) do redis.call('EXPIRE', key, expire) end
