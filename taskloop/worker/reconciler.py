@@ -57,6 +57,7 @@ from taskloop.store.redis_store import Conflict, RedisStore
 from taskloop.worker import census as census_module
 from taskloop.worker import outage, recovery, unbegun
 from taskloop.worker.census import Census
+from taskloop.worker.deferred import started
 
 log = logging.getLogger("taskloop.reconciler")
 
@@ -68,7 +69,7 @@ class Report:
     examined: int = 0  # expired leases looked at
     runs: int = 0  # live runs looked at
     redispatched: int = 0  # queued, message presumed lost: sent again with a new token
-    replayed: int = 0  # running, worker gone: queued again
+    replayed: int = 0  # running (or begun on its start note), execution lost: queued again
     abandoned: int = 0  # lost too many times: failed with PhaseAbandoned
     cleaned: int = 0  # lease of a task that no longer needs one: dropped
     moved: int = 0  # lease of a phase queued again, kept from its earlier queueing: moved to its own
@@ -229,7 +230,7 @@ def _reconcile_run(store: RedisStore, settings: Settings, send: Sender, meta: Ru
 
 def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workflow: Workflow, run_id: str,
                      key: str, now: float, report: Report) -> None:
-    snap = store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL])
+    snap = store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL, fld.started_field(key)])
     lease = store.lease_of(run_id, key)
     if lease is None or lease > now:
         report.conflicts += 1  # renewed or settled since the lease list was read
@@ -255,14 +256,20 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
             report.moved += 1
         return
 
+    # a queued phase whose message began to run before its begin was written (worker/deferred.py)
+    # and never got further in its queued lease: that execution is lost, and counts
+    note = started(snap.get(fld.started_field(key)))
+    ran = record.model_copy(update={"worker": note.worker, "began_at": note.at}) \
+        if record.state in QUEUED_STATES and note is not None and note.token == record.token else None
+
     def plan(view: Snapshot) -> Planner:
         if view.raw_record(key) != raw:
             raise CommitConflict(f"{run_id}/{key} moved on")
         planner = Planner(workflow, view, now, settings)
-        if record.state in QUEUED_STATES:
+        if record.state in QUEUED_STATES and ran is None:
             planner.outcome(key, PhaseEvent(EventKind.REDISPATCH, now))
         else:
-            recovery.plan_recovery(planner, record, settings.max_executions)
+            recovery.plan_recovery(planner, ran or record, settings.max_executions)
         return planner
 
     try:
@@ -270,7 +277,7 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
     except CommitConflict:
         report.conflicts += 1
         return
-    if record.state in QUEUED_STATES:
+    if record.state in QUEUED_STATES and ran is None:
         counter = "redispatched"
     else:
         counter = "abandoned" if committed.planner.tasks[key].terminal else "replayed"

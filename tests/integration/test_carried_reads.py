@@ -105,15 +105,16 @@ def test_a_step_reads_nothing_of_its_own(client: TaskLoop, probe: redis.Redis) -
     tag = f"carried-{time.time_ns()}"
     reads_seen: list[str] = []
     notes: list[str] = []
-    watching, stop = threading.Event(), threading.Event()
+    watching = threading.Event()
+    last = f"monitor-end-{time.time_ns()}"
 
     def watch() -> None:
         with probe.monitor() as monitor:
             watching.set()
             for found in monitor.listen():
-                if stop.is_set():
-                    return
                 command = str(found["command"])
+                if last in command:
+                    return  # every command sent before it was seen
                 if tag not in command or found.get("client_type") == "lua":
                     continue
                 if command.startswith("HMGET") and fld.task_field("step") in command.split():
@@ -126,9 +127,9 @@ def test_a_step_reads_nothing_of_its_own(client: TaskLoop, probe: redis.Redis) -
     assert watching.wait(5)
     handles = [client.start(flows.paced, input={"rounds": 3}, run_id=f"{tag}-{n}") for n in range(10)]
     assert [h.wait(timeout=60).status for h in handles] == ["done"] * 10
-    stop.set()
-    probe.ping()
-    thread.join(timeout=5)
+    probe.echo(last)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
     # Then no phase read its record, its data or the input: its message carried them; each wrote its start note
     assert reads_seen == []
     assert len(notes) == 10 * 6

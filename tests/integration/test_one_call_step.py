@@ -27,16 +27,17 @@ def _scripts(client: TaskLoop, probe: redis.Redis, run) -> collections.Counter[s
     """The script calls (by script) and plain reads made for the runs ``run()`` starts, from MONITOR."""
     names = {client.store._scripts[name].sha: name for name in ("begin", "cas", "cas_limits")}
     seen: collections.Counter[str] = collections.Counter()
-    watching, stop = threading.Event(), threading.Event()
+    watching = threading.Event()
     tag: list[str] = []
     scripts_seen: set[str] = set()
+    last = f"monitor-end-{time.time_ns()}"
 
     def watch() -> None:
         with probe.monitor() as monitor:
             watching.set()
             for found in monitor.listen():
-                if stop.is_set():
-                    return
+                if last in str(found["command"]):
+                    return  # every command sent before it was seen
                 words = str(found["command"]).split()
                 # (a script's first call on this server is seen twice: NOSCRIPT, then again once loaded)
                 if tag and any(tag[0] in word for word in words) and found.get("client_type") != "lua" \
@@ -48,9 +49,9 @@ def _scripts(client: TaskLoop, probe: redis.Redis, run) -> collections.Counter[s
     thread.start()
     assert watching.wait(5)
     run(tag)
-    stop.set()
-    probe.ping()
-    thread.join(timeout=5)
+    probe.echo(last)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
     return seen
 
 

@@ -177,6 +177,30 @@ def test_the_reconciler_resends_a_lost_message(client, monkeypatch) -> None:
     assert len(commits) == 1  # re-sending is not a second commit
 
 
+def test_a_phase_begun_on_its_start_note_and_lost_past_its_queued_lease_is_replayed_and_counted(
+        client, monkeypatch) -> None:
+    import taskloop.runtime.celery_app
+
+    # Given a queued phase whose message a worker took and began on its start note (the one-call
+    # step: its begin is written with its outcome), and the worker died before anything else
+    monkeypatch.setattr(taskloop.runtime.celery_app, "messages_of", lambda *a, **kw: [])
+    run = client.start(flows.core, input={})
+    monkeypatch.undo()
+    record = client.store.snapshot(run.run_id, fld.record_fields("source")).record("source")
+    assert record is not None and record.slot is Slot.QUEUED
+    client.store.client.hset(k.RunKeys.of(run.run_id).run, fld.started_field("source"),
+                             f"{record.token} gone@nowhere/999 {time.time()!r}")
+    # When a reconcile pass finds its queued lease expired
+    report = reconcile(client.store, settings(), PhaseSender(client.app),
+                       now=time.time() + settings().queued_lease_s + 1)
+    # Then the execution counts as lost (a replay, not a resend of a message that never ran)
+    assert (report.replayed, report.redispatched) == (1, 0)
+    assert run.wait(timeout=30).status == "done"
+    execs = client.inspect(run.run_id).tasks["source"].execs
+    assert (execs[0].worker, execs[0].lost) == ("gone@nowhere/999", True)
+    assert len(execs) == 2 and not execs[1].lost
+
+
 def test_reconcile_command_runs_a_pass() -> None:
     done = subprocess.run([sys.executable, "-m", "taskloop", "reconcile", "--import", "tests.integration.flows"],
                           capture_output=True, text=True, timeout=60)
