@@ -18,7 +18,8 @@ def _finished(event: tl.Event) -> None:
     global _redis
     if event.type == "run.finished":
         if _redis is None:
-            _redis = redis.Redis.from_url(os.environ["TASKLOOP_REDIS_URL"])
+            # bench/scaling.py keeps the list off the measured (clustered) store
+            _redis = redis.Redis.from_url(os.environ.get("BENCH_FINISHED_URL") or os.environ["TASKLOOP_REDIS_URL"])
         _redis.rpush("bench:finished", event.run_id or "")
 
 

@@ -2,7 +2,8 @@
 
     python -m bench.run                       # every section below (about 10 minutes on 2 cores)
     python -m bench.run --quick               # smaller sizes, one repeat (about 4 minutes)
-    python -m bench.run --only loops,sizes    # some sections: loops, events, workers, rss, ceiling, sizes, cancel
+    python -m bench.run --only loops,sizes    # some sections: loops, events, workers, rss, ceiling, scaling,
+                                              # sizes, cancel
     python -m bench.run --json out.json       # also keep the raw figures
 
 The loops are measured against three systems (issue 24), each in the same invocation:
@@ -23,6 +24,9 @@ the same redis-server (started here, AOF everysec). Sections:
 - ``workers``: steps/s with 1, 2 and 4 pool processes, and with two worker nodes.
 - ``ceiling``: taskloop with its store and its broker on two redis-servers: each one's CPU per
   step, and the steps/s one core would carry at that cost.
+- ``scaling``: the store on a Redis Cluster of 1, 2 and 3 masters and the broker on its own
+  redis-server, each server held to the same slice of one core (bench/scaling.py): how steps/s
+  grows with the store's masters, and which server bounds it.
 - ``rss``: the memory of one worker with 2 and with 4 pool processes after 300 loops (RSS and
   PSS, summed over every process of the worker: taskloop's supervisor included), and of a
   ``taskloop worker --metrics-port`` (prometheus-client loaded in every process).
@@ -47,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import scaling
 from bench.systems import (
     REPO,
     Baseline,
@@ -58,20 +63,13 @@ from bench.systems import (
     bench_redis,
     commandstats,
     counted,
+    median_of,
     wait_finished,
     worker_memory,
 )
 from taskloop.ops.embedded import RedisServer
 
-SECTIONS = ("loops", "events", "workers", "rss", "ceiling", "sizes", "cancel")
-
-
-def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sample with the median throughput (its other figures come with it)."""
-    ranked = sorted(samples, key=lambda r: r["steps_per_s"])
-    chosen = dict(ranked[len(ranked) // 2])
-    chosen["samples_steps_per_s"] = [r["steps_per_s"] for r in samples]
-    return chosen
+SECTIONS = ("loops", "events", "workers", "rss", "ceiling", "scaling", "sizes", "cancel")
 
 
 class alone:
@@ -353,6 +351,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for system in systems:
                     system.stop_workers()
                 results["ceiling"] = section_ceiling(args, logdir)
+            elif section == "scaling":
+                for system in systems:
+                    system.stop_workers()
+                results["scaling"] = scaling.section(args)
             elif section == "rss":
                 for system in systems:
                     system.stop_workers()
@@ -453,6 +455,8 @@ def report(results: dict[str, Any]) -> str:
             lines.append(f"| the baseline's one Redis (loops section) | {ms:.3f} | {round(1000 / ms) if ms else '-'} |")
         lines += ["", f"steps/s measured here: {found['steps_per_s']} (2 pool processes on 2 cores: the workers, not "
                       f"Redis, are the bound); store commands per round {found['store_commands_per_round']}", ""]
+    if "scaling" in results:
+        lines += scaling.report(results["scaling"])
     if "sizes" in results:
         sizes = results["sizes"]
         lines += ["### Run sizes (taskloop, 2 pool processes, no-op tasks)", "",
@@ -484,6 +488,7 @@ def main() -> None:
                         help=f"comma-separated sections, from {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    scaling.add_arguments(parser)
     args = parser.parse_args()
     unknown = set(args.only) - set(SECTIONS)
     if unknown:

@@ -84,6 +84,14 @@ def counted(before: dict[str, int], after: dict[str, int], memory_before: int, m
             "memory_per_run_bytes": round((memory_after - memory_before) / n)}
 
 
+def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sample with the median throughput (its other figures come with it)."""
+    ranked = sorted(samples, key=lambda r: r["steps_per_s"])
+    chosen = dict(ranked[len(ranked) // 2])
+    chosen["samples_steps_per_s"] = [r["steps_per_s"] for r in samples]
+    return chosen
+
+
 def wait_finished(r: redis.Redis, n: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while r.llen("bench:finished") < n:
@@ -148,9 +156,13 @@ class System:
         return {"worker main": main, "worker pool": pool, "redis-server": [self.redis_pid], **self.extra,
                 "client": [os.getpid()]}
 
+    def counts(self) -> tuple[dict[str, int], int]:
+        """The store's command counts and its used memory, read before and after a measurement."""
+        return commandstats(self.r), int(self.r.info("memory")["used_memory"])
+
     def throughput(self, mode: str, n: int, timeout: float = 1800) -> dict[str, Any]:
         self.r.delete("bench:finished")
-        before, memory_before = commandstats(self.r), int(self.r.info("memory")["used_memory"])
+        before, memory_before = self.counts()
         procs = self.processes()
         cpu_before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in procs.items()}
         started = time.perf_counter()
@@ -159,7 +171,7 @@ class System:
         seconds = time.perf_counter() - started
         cpu = {name: (sum(cpu_seconds(p) for p in pids) - cpu_before[name]) * 1000 / (n * STEPS_PER_LOOP)
                for name, pids in procs.items()}
-        after, memory_after = commandstats(self.r), int(self.r.info("memory")["used_memory"])
+        after, memory_after = self.counts()
         self.verify(mode, ids)
         return {
             "n": n, "mode": mode, "seconds": round(seconds, 3),
