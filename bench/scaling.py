@@ -294,7 +294,7 @@ def report(found: dict[str, Any]) -> list[str]:
     lines = ["### Past one Redis: the store on a Cluster, every redis-server held to "
              f"{share * 100:g} % of a core", "",
              f"(workers: {found['nodes']} node(s) x {found['concurrency']} processes; accept, median of "
-             "the samples; CPU in ms per step; * the master that holds the global keys)", "",
+             "the samples; CPU in ms per step; * the master that holds tl:live)", "",
              "| store masters | broker's slice | steps/s | ratio to 1 master | store CPU, each master | "
              "broker CPU | worker CPU, main + pool | throttled periods: each master / broker | "
              "store commands per round |",
