@@ -222,7 +222,7 @@ class Bench:
         pass of each run's end), so that every finished run is compacted; how long it took."""
         from taskloop.base.config import Settings
         from taskloop.runtime.celery_app import PhaseSender
-        from taskloop.worker.reconciler import reconcile
+        from taskloop.worker.recovery.reconciler import reconcile
 
         assert self.client is not None
         settings = Settings(redis_url=self.server.url)

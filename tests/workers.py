@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from taskloop.ops.embedded import spawn_worker, wait_until_ready
-from taskloop.worker.recovery import process_gone
+from taskloop.worker.recovery.executions import process_gone
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -93,7 +93,7 @@ class Settings:
     # How long a callback may ignore a cancel or stop signal before its process is stopped.
     cancel_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_CANCEL_GRACE_S", 30.0))
     # Warm shutdown (SIGTERM): how long running phases may finish before they are handed back to
-    # the queue for another worker (taskloop/worker/shutdown.py).
+    # the queue for another worker (taskloop/worker/liveness/shutdown.py).
     shutdown_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_SHUTDOWN_GRACE_S", 20.0))
     # TLS (rediss://): the CA that signed Redis's certificate (else the system's trust store), and
     # an optional client certificate and key; the URL's ssl_ca_certs/ssl_certfile/ssl_keyfile win.
@@ -153,5 +153,5 @@ def reset() -> None:
 
 def min_lease_s(config: Settings) -> float:
     """No lease is ever written closer to its expiry than this: the reconciler need not look at a
-    live run sooner (see taskloop/worker/reconciler.py)."""
+    live run sooner (see taskloop/worker/recovery/reconciler.py)."""
     return min(config.running_lease_s, config.queued_lease_s)

@@ -169,9 +169,9 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     from taskloop.runtime.celery_app import PhaseSender, make_app
     from taskloop.store.redis_store import RedisStore
-    from taskloop.worker.census import Census
-    from taskloop.worker.orphans import settle_orphans
-    from taskloop.worker.reconciler import reconcile
+    from taskloop.worker.recovery.census import Census
+    from taskloop.worker.recovery.orphans import settle_orphans
+    from taskloop.worker.recovery.reconciler import reconcile
 
     import_modules(imports)
     settings = config.settings()

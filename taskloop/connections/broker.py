@@ -68,7 +68,7 @@ def broker_settings(url: str, config: Settings | None = None,
     warn_if_insecure(target, "the Celery broker")
     # kombu keeps no copy of a message a worker took (no unacked hash, no visibility timeout): the
     # store's records, leases and start notes are what keep a phase, and a worker gone silent has
-    # what it held sent again from them (worker/orphans.py). Saves kombu's two transactions per message.
+    # what it held sent again from them (worker/recovery/orphans.py). Saves kombu's two transactions per message.
     options["ack_emulation"] = False
     out: dict[str, Any] = {"broker_transport_options": options}
     auth = _userinfo(target.username, target.password)

@@ -74,7 +74,7 @@ def prepared_begin(workflow: Workflow, record: TaskRecord, settings: Settings) -
     limits = task.limits_of(record.phase.value) if record.phase else ()
     specs = unkeyed_specs(limits)
     if specs is None:
-        return None  # a concurrency key: the worker computes it and takes the room first (worker/limiter.py)
+        return None  # a concurrency key: the worker computes it and takes the room first (worker/limits/limiter.py)
     begun = advance(record, PhaseEvent(EventKind.BEGIN, 0.0, worker="-"))
     consumed = begun.attempts - record.attempts
     return json.dumps({

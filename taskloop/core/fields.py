@@ -110,7 +110,7 @@ def record_fields(key: str) -> tuple[str, str, str, str]:
 
 def throttle_field(key: str) -> str:
     """A queued phase that a fleet limit holds back (JSON: the limit, its wait queue, since when);
-    absent once it starts or ends (taskloop/worker/limiter.py)."""
+    absent once it starts or ends (taskloop/worker/limits/limiter.py)."""
     return f"th:{key}"
 
 
@@ -123,7 +123,7 @@ def begin_field(key: str) -> str:
 
 
 def started_field(key: str) -> str:
-    """A phase that a worker began to run before its begin was written (worker/deferred.py): "<token>
+    """A phase that a worker began to run before its begin was written (worker/execution/deferred.py): "<token>
     <worker> <started at>", written with the read that precedes its callback. It names the token of
     the message it ran: a note whose token is not the record's is an earlier phase's."""
     return f"x:{key}"

@@ -4,7 +4,7 @@ same fields carried in the message itself.
 A worker that takes a phase message needs the task's record, the run's control flag, the
 definition's identity, the callback's data and, for a phase that may end its task, the run's
 final-status fields and its dependents' records (``message_fields``). It reads them in one round
-trip (worker/deferred.py), or finds them in the message: when the broker is the store's Redis,
+trip (worker/execution/deferred.py), or finds them in the message: when the broker is the store's Redis,
 the write that queues a phase reads those fields right after its writes, inside the same script,
 and puts their values into the message it pushes (``carried_fields``; runtime/outbox.py,
 store/lua/lib_cas.lua). ``carried`` turns such values back into named fields, and tells a
@@ -92,7 +92,7 @@ def carried(key: str, phase: Phase, round: int, values: list[str | None]) -> dic
 def fresh(queued_at: float | None, redelivered: bool, now: float) -> bool:
     """Whether a message may run on the values it carries: queued less than CARRY_FRESH_S ago (a
     clock behind by as much counts as late too) and not marked as delivered before (the message of
-    a pool process that died, which Celery puts back: worker/replies.py)."""
+    a pool process that died, which Celery puts back: worker/execution/replies.py)."""
     return queued_at is not None and not redelivered and abs(now - queued_at) < CARRY_FRESH_S
 
 

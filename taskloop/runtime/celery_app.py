@@ -189,7 +189,7 @@ class PhaseSender:
                     self._release()
 
     def resend(self, waiters: Sequence[Waiter]) -> None:
-        """Send the messages of phases that waited for a fleet limit (taskloop/worker/limiter.py).
+        """Send the messages of phases that waited for a fleet limit (taskloop/worker/limits/limiter.py).
 
         A limit picked them for room it has now. At the back of a queue, behind a backlog (the
         messages of phases that will be refused, when many runs start at once), a message would

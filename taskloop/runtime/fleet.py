@@ -1,5 +1,5 @@
 """The fleet at a glance (``taskloop status``, the UI's ``/fleet``): workers online with their
-processes and queues (their heartbeats, taskloop/worker/presence.py), queue depths (the broker),
+processes and queues (their heartbeats, taskloop/worker/liveness/presence.py), queue depths (the broker),
 live runs by status, runs by stored status (the run lists), expired leases and the reconciler's
 last pass (the store). All of it is read with plain reads: the read-only ``monitor`` user does."""
 
@@ -29,7 +29,7 @@ class Held(BaseModel):
     running): its task and what it names, and since when its pool has run it (by the worker's
     clock; None while it waits). The broker keeps no copy of a message a worker took (kombu's ack
     emulation is off): when the worker falls silent, these are what the reconciler sends again
-    (taskloop/worker/orphans.py)."""
+    (taskloop/worker/recovery/orphans.py)."""
 
     model_config = ConfigDict(frozen=True)
     task: str
@@ -52,8 +52,8 @@ class WorkerInfo(BaseModel):
     # the ids of every task message it held then (prefetched, waiting for a countdown or running)
     held: list[str] = Field(default_factory=list)
     # ... and those of taskloop's tasks, with what they name: what the reconciler sends again when it
-    # falls silent (taskloop/worker/orphans.py), what a census must not take for lost
-    # (taskloop/worker/census.py), and which phases it has run how long (taskloop/worker/unbegun.py)
+    # falls silent (taskloop/worker/recovery/orphans.py), what a census must not take for lost
+    # (taskloop/worker/recovery/census.py), and which phases it has run how long (taskloop/worker/recovery/unbegun.py)
     messages: list[Held] = Field(default_factory=list)
 
 

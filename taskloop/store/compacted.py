@@ -3,7 +3,7 @@
 A live run is a hash of records, data and counters, a stream of events, an end marker and a lease
 set: about 7.4 KB for a 3-round loop (1.8 KB once compacted), most of it the stream's and the
 hash's own structures. Once
-the run has ended (the reconciler forgets it, within a pass of its end: worker/reconciler.py),
+the run has ended (the reconciler forgets it, within a pass of its end: worker/recovery/reconciler.py),
 ``compact`` rewrites it in one script call (store/lua/compact.lua):
 
 - the hash keeps only the run's meta fields (``fields.COMPACT_KEEP``: status, workflow, times, ...)

@@ -47,7 +47,7 @@ class Indexes:
     def stats(self) -> dict[str, str]:
         return dict(self.client.hgetall(k.STATS))
 
-    # worker presence (taskloop/worker/presence.py) ---------------------------------------------
+    # worker presence (taskloop/worker/liveness/presence.py) ---------------------------------------------
     @wrap
     def note_worker(self, node: str, info: str) -> None:
         """Record a worker's heartbeat."""

@@ -43,7 +43,7 @@ RECONCILER_LAST = f"{PREFIX}:reconciler:last"  # STRING: JSON report of the last
 SERVER_SEEN = f"{PREFIX}:server"  # STRING: the identity (INFO run_id) of the Redis the reconciler last saw
 LISTED_WORKFLOWS = f"{PREFIX}:runs:workflows"  # SET of the workflow names that have run lists
 LEGACY_STATUS_LISTS = tuple(f"{PREFIX}:runs:s:{status.value}" for status in RunStatus)  # no longer written
-WORKERS = f"{PREFIX}:workers"  # HASH node -> JSON of the worker as it last said (taskloop/worker/presence.py)
+WORKERS = f"{PREFIX}:workers"  # HASH node -> JSON of the worker as it last said (taskloop/worker/liveness/presence.py)
 
 
 def run_list(entry: Listed) -> str:

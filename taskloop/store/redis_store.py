@@ -138,7 +138,7 @@ class RedisStore(Compacted, Indexes, Limits):
     @wrap
     def read_noting(self, run_id: str, fields: Sequence[str], note_field: str, note: str) -> Snapshot:
         """A snapshot of ``fields`` (the run's workflow first), read in the same round trip as an
-        unguarded write of one field (worker/deferred.py: a phase noting that it starts). The write
+        unguarded write of one field (worker/execution/deferred.py: a phase noting that it starts). The write
         comes after the read: the snapshot holds the field's value before it. The caller takes the
         note back when the read shows it does not belong (see ``unnote``)."""
         names = [fld.F_WORKFLOW, *fields, fld.F_COMPACT]
@@ -157,7 +157,7 @@ class RedisStore(Compacted, Indexes, Limits):
     @wrap
     def note_later(self, run_id: str, note_field: str, note: str) -> Side:
         """Write one field of a run without waiting (a phase that runs on the fields its message
-        carried, noting that it starts: worker/deferred.py). The write goes on a connection of its
+        carried, noting that it starts: worker/execution/deferred.py). The write goes on a connection of its
         own; the returned Side's ``landed()`` reads its reply. Not on a Cluster (no message carries
         fields there)."""
         if self._side is None:
@@ -253,7 +253,7 @@ class RedisStore(Compacted, Indexes, Limits):
     @wrap
     def leases_of_runs(self, run_ids: Sequence[str], until: float, limit: int = 100) -> list[list[str]]:
         """For each run, the task keys whose lease expires by ``until`` (one pipelined read; a
-        census of many runs, worker/census.py)."""
+        census of many runs, worker/recovery/census.py)."""
         pipe = self.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.zrangebyscore(k.RunKeys.of(run_id).leases, "-inf", until, start=0, num=limit)

@@ -7,7 +7,7 @@ consumer.py), and three things taskloop adds:
 - a task that is not taskloop's (Celery's built-ins included) is refused, logged escaped and
   counted in ``refused{reason="unknown task"}``;
 - when the broker connection dies, the phases this worker had prefetched but not started are
-  noted, so that they are sent again as soon as Redis answers (worker/outage.py) instead of
+  noted, so that they are sent again as soon as Redis answers (worker/recovery/outage.py) instead of
   after their lease: Celery drops those requests, and kombu restores their messages only after
   the visibility timeout.
 """
@@ -22,7 +22,7 @@ from celery.worker import state as worker_state
 from taskloop.base.text import shown
 from taskloop.celery_fixes.consumer import Consumer as FixedConsumer
 from taskloop.ops import metrics
-from taskloop.worker import census, outage
+from taskloop.worker.recovery import census, outage
 
 log = logging.getLogger("taskloop.consumer")
 
@@ -47,7 +47,7 @@ class Consumer(FixedConsumer):
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         """The broker connection died: Celery is about to drop the phases this worker had prefetched
         (reserved, or waiting for a retry countdown) but not started. Note them, so that they are
-        sent again as soon as Redis answers (worker/outage.py) instead of after their lease."""
+        sent again as soon as Redis answers (worker/recovery/outage.py) instead of after their lease."""
         running = set(worker_state.active_requests)
         held = [r for r in (*worker_state.reserved_requests, *worker_state.scheduled_requests) if r not in running]
         lost = outage.phases_of(held)
@@ -55,5 +55,5 @@ class Consumer(FixedConsumer):
             log.warning("broker connection lost holding %d prefetched phase(s); they are sent again once Redis "
                         "is back", len(lost))
             outage.LOST.note(lost)
-        census.WANTED.set()  # a message Redis popped for this connection may be lost: count them (census.py)
+        census.WANTED.set()  # a message Redis popped for this connection may be lost: count them (recovery/census.py)
         super().on_connection_error_after_connected(exc)

@@ -22,17 +22,17 @@ from taskloop.base.errors import StoreUnavailable
 from taskloop.core.phases import EventKind, Phase
 from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import executor as executor_module
-from taskloop.worker import messages, replies, starter
-from taskloop.worker.census import Census
-from taskloop.worker.executor import Executor
-from taskloop.worker.handled import Result
-from taskloop.worker.limiter import Drainer
+from taskloop.worker.execution import executor as executor_module
+from taskloop.worker.execution import messages, replies, starter
+from taskloop.worker.execution.executor import Executor
+from taskloop.worker.execution.handled import Result
+from taskloop.worker.limits.limiter import Drainer
+from taskloop.worker.liveness.presence import Presence
+from taskloop.worker.liveness.shutdown import GracefulShutdown
 from taskloop.worker.logs import one_line_logs
-from taskloop.worker.orphans import settle_orphans
-from taskloop.worker.presence import Presence
-from taskloop.worker.reconciler import ReconcilerThread, reconcile
-from taskloop.worker.shutdown import GracefulShutdown
+from taskloop.worker.recovery.census import Census
+from taskloop.worker.recovery.orphans import settle_orphans
+from taskloop.worker.recovery.reconciler import ReconcilerThread, reconcile
 
 log = logging.getLogger("taskloop.tasks")
 
@@ -140,7 +140,7 @@ def register(app: Celery) -> None:
 
     @app.task(name="taskloop.reconcile", ignore_result=True)
     def reconcile_task() -> str:
-        """Beat entry point: one reconcile pass (see taskloop/worker/reconciler.py)."""
+        """Beat entry point: one reconcile pass (see taskloop/worker/recovery/reconciler.py)."""
         worker = executor(app, "beat")
         return str(reconcile(worker.store, worker.settings, worker.send,
                              restore=lambda: settle_orphans(app, worker.store, worker.settings, worker.send),
@@ -181,7 +181,7 @@ def register(app: Celery) -> None:
     @signals.worker_ready.connect(weak=False)
     def start_drainer(sender: Any = None, **_: Any) -> None:
         """Every worker's main process sends again the phases that wait for a fleet limit when
-        their rate window reopens (taskloop/worker/limiter.py)."""
+        their rate window reopens (taskloop/worker/limits/limiter.py)."""
         config = settings()
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
         drainer = Drainer(store, taskloop_app.PhaseSender(app, config.redis_url, ahead=store.client).resend)
@@ -192,7 +192,7 @@ def register(app: Celery) -> None:
 
     @signals.worker_ready.connect(weak=False)
     def start_heartbeat(sender: Any = None, **_: Any) -> None:
-        """Every worker's main process writes its heartbeat (taskloop/worker/presence.py)."""
+        """Every worker's main process writes its heartbeat (taskloop/worker/liveness/presence.py)."""
         config = settings()
         store = RedisStore(config.redis_url, retries=2, events_maxlen=config.events_maxlen)
         presence = Presence(store, sender, getattr(sender, "hostname", None) or "worker")

@@ -227,7 +227,7 @@ def test_gate_decided(worker: WorkerProcess, client: TaskLoop) -> None:
 
 
 def test_reconcile_pass(worker: WorkerProcess, client: TaskLoop, settings: Settings) -> None:
-    from taskloop.worker.reconciler import reconcile
+    from taskloop.worker.recovery.reconciler import reconcile
 
     store = RedisStore(settings.redis_url)
     sender = PhaseSender(client.app, settings.redis_url)

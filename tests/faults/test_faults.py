@@ -17,7 +17,7 @@ import pytest
 from taskloop.base.errors import StoreUnavailable
 from taskloop.core import fields as fld
 from taskloop.runtime.models import executions
-from taskloop.worker.deferred import started
+from taskloop.worker.execution.deferred import started
 from tests.faults import flows
 from tests.faults.harness import FAULT_ENV, RESULTS, Cluster, Fault, Outcome, stale_rejections, timer
 
@@ -92,7 +92,7 @@ def test_sigkill_whole_worker(cluster: Cluster, size: dict) -> None:
         os.kill(pid, signal.SIGKILL)
     # what it ran, as the store says: a phase may have begun after `running()` was read, before the
     # kill: its begin written (the record names the worker), or only its start note (the one-call
-    # step writes the begin with the outcome, taskloop/worker/deferred.py)
+    # step writes the begin with the outcome, taskloop/worker/execution/deferred.py)
     assert cluster.client is not None
     for run_id in run_ids:
         snap = cluster.client.store.snapshot(run_id, [fld.started_field("work")])
@@ -240,12 +240,12 @@ def test_a_phase_that_keeps_killing_its_worker_ends_failed(cluster: Cluster) -> 
 
 # A message lost between the write that records its phase and its send (possible with a broker of
 # its own; at the defaults the outbox sends a phase's message inside the write that queues it) is
-# found by the reconciler's census (worker/census.py): queued before the tail of its queue, and in
+# found by the reconciler's census (worker/recovery/census.py): queued before the tail of its queue, and in
 # no unacked entry. It used to wait for the queued lease (TASKLOOP_QUEUED_LEASE_S, 300 s).
 @pytest.mark.parametrize("size", [SMOKE])
 def test_crash_between_record_and_send(cluster: Cluster, size: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     import taskloop.runtime.celery_app
-    from taskloop.worker.census import CENSUS_S, MARGIN_S
+    from taskloop.worker.recovery.census import CENSUS_S, MARGIN_S
 
     # Given a client that records the first phase of each run and dies before sending its message
     monkeypatch.setattr(taskloop.runtime.celery_app, "messages_of", lambda *args, **kwargs: [])

@@ -1,4 +1,4 @@
-"""Graceful shutdown and a rolling restart under load (taskloop/worker/shutdown.py).
+"""Graceful shutdown and a rolling restart under load (taskloop/worker/liveness/shutdown.py).
 
 Two workers run phases that take longer than the shutdown grace period. Each worker in turn gets
 SIGTERM and is replaced. A phase still running when the grace period ends is handed back: queued

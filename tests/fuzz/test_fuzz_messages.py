@@ -244,7 +244,7 @@ def indexed(probe: redis.Redis) -> set[bytes]:
 def drained(probe: redis.Redis) -> bool:
     """Every message was taken off the queue and is done: the queue is empty, and the workers'
     heartbeats written after that hold nothing (kombu keeps no copy of a message a worker took:
-    what a worker holds, its heartbeat lists, taskloop/worker/presence.py)."""
+    what a worker holds, its heartbeat lists, taskloop/worker/liveness/presence.py)."""
     if probe.llen(QUEUE):
         return False
     since = time.time()

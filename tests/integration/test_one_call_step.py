@@ -1,4 +1,4 @@
-"""The one-call step (taskloop/worker/deferred.py): a prepared phase runs on one plain read and is
+"""The one-call step (taskloop/worker/execution/deferred.py): a prepared phase runs on one plain read and is
 begun in the write that records its outcome; a phase that runs past MARK_S is begun on the way.
 Real redis-server, real workers (two nodes of two processes)."""
 
@@ -16,7 +16,7 @@ from taskloop.core.begin import Dispatch
 from taskloop.core.phases import Phase, Slot
 from taskloop.runtime.celery_app import send_phase
 from taskloop.runtime.client import TaskLoop
-from taskloop.worker.deferred import MARK_S
+from taskloop.worker.execution.deferred import MARK_S
 from tests.integration import flows
 from tests.waiting import wait_until
 

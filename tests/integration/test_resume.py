@@ -15,7 +15,7 @@ from taskloop.core.begin import Dispatch
 from taskloop.core.phases import Phase, Slot, TaskStatus
 from taskloop.runtime.celery_app import PhaseSender, send_phase
 from taskloop.store import keys as k
-from taskloop.worker.reconciler import reconcile
+from taskloop.worker.recovery.reconciler import reconcile
 from tests.integration import control_flows as cf
 from tests.integration import flows
 from tests.integration.flows import recorded

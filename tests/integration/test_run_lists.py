@@ -14,7 +14,7 @@ from taskloop.core import fields as fld
 from taskloop.runtime.celery_app import PhaseSender
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.reconciler import reconcile
+from taskloop.worker.recovery.reconciler import reconcile
 from tests.integration import control_flows as cf
 from tests.integration import flows
 from tests.waiting import wait_until

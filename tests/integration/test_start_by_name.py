@@ -145,7 +145,7 @@ def test_a_run_recorded_by_name_whose_start_was_lost_is_planned_by_the_reconcile
     plan_pending, idempotent), here with the pass's clock moved on."""
     from taskloop.base.config import settings
     from taskloop.runtime.celery_app import PhaseSender
-    from taskloop.worker.reconciler import reconcile
+    from taskloop.worker.recovery.reconciler import reconcile
 
     # Given a run recorded by name whose taskloop.start message never left the client
     monkeypatch.setattr(client.app, "send_task", lambda *a, **kw: None)

@@ -3,7 +3,7 @@
 - the transport (taskloop/celery_fixes/transport.py): a channel reuses one redis client for its
   command batches (kombu builds a new one per message), and builds a new one when kombu rebuilds
   its pool; messages still flow and unacknowledged messages are still parked and cleared;
-- replies (taskloop/worker/replies.py): an expected failure or a refusal is a reply, not an
+- replies (taskloop/worker/execution/replies.py): an expected failure or a refusal is a reply, not an
   exception, so Celery's tracer builds no exception info for it, and the reply is announced as
   task-failed or task-ignored, and logged as "failed in" or "ignored in".
 
@@ -20,7 +20,7 @@ from kombu import Connection, Exchange, Queue
 
 from taskloop.celery_fixes import transport
 from taskloop.ops.embedded import RedisServer
-from taskloop.worker import replies
+from taskloop.worker.execution import replies
 
 
 def test_a_channel_reuses_one_client_and_messages_still_flow(redis_server: RedisServer) -> None:

@@ -42,7 +42,7 @@ from taskloop.base.config import Settings
 from taskloop.runtime.celery_app import START_TASK
 from taskloop.runtime.client import RunHandle, TaskLoop
 from taskloop.store import keys
-from taskloop.worker import census
+from taskloop.worker.recovery import census
 from tests.ops.stack import REPO, Replica, Stack, http_get, metric_sum
 
 STEP_TIMEOUT_S = 10.0
@@ -524,7 +524,7 @@ def monitor_scenario(sc: Scenario) -> None:
         live = start_by_name(admin, "ops-slow", {})  # a live run while the monitor looks
         within("(setup) a live run", lambda: any(e.type == "phase" for e in admin.events(live.run_id)))
         try:
-            from taskloop.worker.reconciler import reconcile
+            from taskloop.worker.recovery.reconciler import reconcile
 
             reconcile(admin.store, admin.settings, admin.send)  # a pass on record (the worker's thread is off)
             with redis.Redis.from_url(sc.admin_url) as probe:  # due now: status and the exporter read its leases

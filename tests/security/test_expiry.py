@@ -11,8 +11,8 @@ import pytest
 
 from taskloop.base.config import min_lease_s
 from taskloop.store import keys as k
-from taskloop.worker import cache as caching
-from taskloop.worker.reconciler import reconcile
+from taskloop.worker.execution import cache as caching
+from taskloop.worker.recovery.reconciler import reconcile
 from tests.security import flows
 from tests.security.conftest import Stack
 

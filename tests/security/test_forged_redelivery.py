@@ -14,7 +14,7 @@ import pytest
 
 from taskloop.core import fields as fld
 from taskloop.store import keys as k
-from taskloop.worker.recovery import process_gone
+from taskloop.worker.recovery.executions import process_gone
 from tests.security import flows
 from tests.security.conftest import Stack
 from tests.waiting import wait_until

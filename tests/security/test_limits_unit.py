@@ -21,9 +21,9 @@ from taskloop.define.tasks import TaskKind
 from taskloop.runtime import starting
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import cache as caching
-from taskloop.worker import recovery
-from taskloop.worker.callbacks import Usage, call_phase, error_record
+from taskloop.worker.execution import cache as caching
+from taskloop.worker.execution.callbacks import Usage, call_phase, error_record
+from taskloop.worker.recovery import executions as recovery
 
 MIB = 1_048_576
 CAPS = limits.Caps()  # the defaults

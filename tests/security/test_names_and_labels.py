@@ -17,7 +17,7 @@ from taskloop.base.errors import InvalidInput
 from taskloop.core import fields as fld
 from taskloop.ops.metrics import fleet_registry
 from taskloop.runtime.celery_app import PhaseSender
-from taskloop.worker.reconciler import reconcile
+from taskloop.worker.recovery.reconciler import reconcile
 from tests.security.conftest import Stack
 from tests.waiting import wait_until
 

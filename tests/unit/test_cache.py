@@ -1,4 +1,4 @@
-"""The task result cache (taskloop/worker/cache.py) with its default store on a real redis-server:
+"""The task result cache (taskloop/worker/execution/cache.py) with its default store on a real redis-server:
 fingerprints, a miss then a write-back then a hit, expiry by ``max_age_ms`` (on an injected time),
 the refresh mode, a failing store degrading to a miss, and cache keys that are not JSON."""
 
@@ -16,7 +16,7 @@ from taskloop.define.context import Signal, TaskContext
 from taskloop.ops.embedded import RedisServer
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import cache as caching
+from taskloop.worker.execution import cache as caching
 
 NOW = 1_700_000_000.0
 TASK = "essay"

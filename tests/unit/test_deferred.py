@@ -1,4 +1,4 @@
-"""The one-call step's decision (taskloop/worker/deferred.py): which reads let a phase run before its
+"""The one-call step's decision (taskloop/worker/execution/deferred.py): which reads let a phase run before its
 begin is written, and the start note. Pure: snapshots built in memory."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record, prepared_begin
 from taskloop.core.phases import EventKind, Phase, PhaseEvent, TaskRecord, advance
 from taskloop.core.snapshot import Snapshot
-from taskloop.worker import deferred
-from taskloop.worker.deferred import Ready
+from taskloop.worker.execution import deferred
+from taskloop.worker.execution.deferred import Ready
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0", broker_url="redis://127.0.0.1:1/0")
 LOOP = tl.define_workflow("deferred-unit", version="1", tasks=[

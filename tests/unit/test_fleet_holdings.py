@@ -1,6 +1,6 @@
 """Who is live and what the live workers hold, from their heartbeats alone (runtime/fleet.py
-``holdings``), the silent-worker test of a redelivery (worker/recovery.py ``worker_silent``) and
-what a heartbeat says a held request names (worker/presence.py ``held_message``): pure logic, no
+``holdings``), the silent-worker test of a redelivery (worker/recovery/executions.py ``worker_silent``) and
+what a heartbeat says a held request names (worker/liveness/presence.py ``held_message``): pure logic, no
 Redis."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 from taskloop.core.phases import Phase, Slot, TaskRecord, TaskStatus
 from taskloop.define.tasks import TaskKind
 from taskloop.runtime.fleet import HEARTBEAT_S, HOLD_MARGIN_S, ONLINE_WITHIN_S, Held, WorkerInfo, holdings, node_of
-from taskloop.worker.presence import held_message
-from taskloop.worker.recovery import worker_silent
+from taskloop.worker.liveness.presence import held_message
+from taskloop.worker.recovery.executions import worker_silent
 
 
 def phase(run_id: str, token: int = 1) -> Held:
@@ -108,7 +108,7 @@ def test_what_a_heartbeat_says_each_held_request_names() -> None:
 def test_the_census_reads_phase_and_dispatch_messages_and_nothing_else() -> None:
     import base64
 
-    from taskloop.worker.census import read_message
+    from taskloop.worker.recovery.census import read_message
 
     def message(task: str, args: list, encoded: bool = True) -> str:
         body = json.dumps([args, {}, {}])

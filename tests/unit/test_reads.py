@@ -1,5 +1,5 @@
 """What a phase message reads, and the same fields carried in the message (taskloop/core/reads.py),
-with the carried header as a worker takes it (worker/messages.py ``carried_of``). Pure."""
+with the carried header as a worker takes it (worker/execution/messages.py ``carried_of``). Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from taskloop.core import fields as fld
 from taskloop.core import reads
 from taskloop.core.begin import initial_record, prepared_begin
 from taskloop.core.phases import EventKind, Phase, PhaseEvent, advance
-from taskloop.worker.messages import carried_of
+from taskloop.worker.execution.messages import carried_of
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0", broker_url="redis://127.0.0.1:1/0")
 CHAIN = tl.define_workflow("reads-unit", version="1", tasks=[

@@ -19,7 +19,7 @@ from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import starting
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.reconciler import reconcile
+from taskloop.worker.recovery.reconciler import reconcile
 
 
 def _no_send(*args: Any) -> None:

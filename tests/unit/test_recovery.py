@@ -1,4 +1,4 @@
-"""Recovery (taskloop/worker/recovery.py): whether a worker process is gone (live, reaped, zombie),
+"""Recovery (taskloop/worker/recovery/executions.py): whether a worker process is gone (live, reaped, zombie),
 the "node@host/pid" worker names, redeliveries, the record consistency checks, and the replay or
 abandonment of a lost execution. No Redis: snapshots are held in memory."""
 
@@ -24,7 +24,7 @@ from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
-from taskloop.worker import recovery
+from taskloop.worker.recovery import executions as recovery
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 1000.0

@@ -265,7 +265,7 @@ def _queued_loop() -> tuple[tl.Workflow, Run]:
 
 
 def test_a_loops_next_phase_keeps_the_lease_of_its_first_queueing() -> None:
-    """The one-call step (worker/deferred.py): the stored record is the queued attempt, whose lease
+    """The one-call step (worker/execution/deferred.py): the stored record is the queued attempt, whose lease
     (NOW + queued lease) is still ahead; the check it queues needs no lease write of its own."""
     wf, run = _queued_loop()
     planner = Planner(wf, run.snapshot(*fld.record_fields("b"), fld.F_CONTROL), NOW + 5, SETTINGS)

@@ -1,4 +1,4 @@
-"""The last resort of a warm shutdown (taskloop/worker/shutdown.py): a pool process still there
+"""The last resort of a warm shutdown (taskloop/worker/liveness/shutdown.py): a pool process still there
 STUCK_S after the grace period is stopped, so that the worker ends (Celery would wait for it
 for good). Real processes stand for the pool's."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from taskloop.worker.shutdown import GracefulShutdown
+from taskloop.worker.liveness.shutdown import GracefulShutdown
 
 
 class _Pool:

@@ -15,8 +15,8 @@ from taskloop.core import outcomes
 from taskloop.core.outcomes import Outcome
 from taskloop.core.phases import ErrorRecord, EventKind, Phase, Slot, TaskRecord, TaskStatus
 from taskloop.core.snapshot import Snapshot
-from taskloop.worker import cache as caching
-from taskloop.worker import recovery
+from taskloop.worker.execution import cache as caching
+from taskloop.worker.recovery import executions as recovery
 
 NOW = 1000.0
 BOOM = ErrorRecord(type="ValueError", message="boom")

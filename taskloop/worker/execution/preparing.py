@@ -16,8 +16,8 @@ from taskloop.core.phases import EventKind
 from taskloop.define.context import TaskContext
 from taskloop.define.tasks import Task
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import cache as caching
-from taskloop.worker.callbacks import error_record, invoke
+from taskloop.worker.execution import cache as caching
+from taskloop.worker.execution.callbacks import error_record, invoke
 
 
 @dataclass(frozen=True)

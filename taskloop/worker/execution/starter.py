@@ -15,8 +15,8 @@ from taskloop.define.workflow import REGISTRY
 from taskloop.runtime import starting
 from taskloop.runtime.celery_app import START_TASK
 from taskloop.runtime.gates import settle_gates
-from taskloop.worker import messages
-from taskloop.worker.executor import Executor
+from taskloop.worker.execution import messages
+from taskloop.worker.execution.executor import Executor
 
 log = logging.getLogger("taskloop.starter")
 

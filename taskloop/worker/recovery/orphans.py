@@ -4,19 +4,19 @@ taskloop's workers consume with kombu's ack emulation off (connections/broker.py
 worker takes leaves the broker, and the broker keeps no copy of it until it is acknowledged. The
 store is what keeps a phase: its record, its lease, its start note. A worker that dies with its
 host (SIGKILL, out of memory, a lost node) loses the messages it held; its heartbeat
-(worker/presence.py) lists each of them, with what it names, and the reconciler acts on that list
+(worker/liveness/presence.py) lists each of them, with what it names, and the reconciler acts on that list
 once the worker has fallen silent while the others went on (runtime/fleet.py, ``holdings``):
 
 - a **phase** still queued under the message's token is sent again (a REDISPATCH, a new token);
   one whose start note says the silent worker began it is replayed, its lost execution counted;
-  one the record shows running on that worker is replayed (worker/recovery.py);
+  one the record shows running on that worker is replayed (worker/recovery/executions.py);
 - a **taskloop.dispatch** message: each of its phases still queued is sent again;
 - a **taskloop.start** of a run still pending: a new one is sent (planning it is idempotent);
 - a **taskloop.settle**: nothing, the reconciler settles a cancelled run's gates on every pass.
 
 Each of these is a guarded write, refused if the phase moved on meanwhile (a partitioned worker
 that comes back finds its messages stale). A message the worker took after its last heartbeat is
-in no list: the census finds its phase within seconds (worker/census.py), or its lease. The node
+in no list: the census finds its phase within seconds (worker/recovery/census.py), or its lease. The node
 is then dropped from the heartbeats, so that its list is acted on once.
 """
 
@@ -34,10 +34,10 @@ from taskloop.runtime.celery_app import DISPATCH_TASK, START_TASK
 from taskloop.runtime.commit import Sender
 from taskloop.runtime.fleet import Held, heartbeats, holdings, node_of
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import recovery
-from taskloop.worker.deferred import started
-from taskloop.worker.handled import Result
-from taskloop.worker.outage import PHASE_TASKS, redispatch, workflow_of
+from taskloop.worker.execution.deferred import started
+from taskloop.worker.execution.handled import Result
+from taskloop.worker.recovery import executions as recovery
+from taskloop.worker.recovery.outage import PHASE_TASKS, redispatch, workflow_of
 
 log = logging.getLogger("taskloop.orphans")
 

@@ -12,7 +12,7 @@ from taskloop.core.phases import Phase, TaskRecord
 from taskloop.ops import metrics
 from taskloop.runtime.commit import write
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.handled import Handled, Result
+from taskloop.worker.execution.handled import Handled, Result
 
 log = logging.getLogger("taskloop.executor")
 

@@ -14,7 +14,7 @@ from taskloop.base import names
 from taskloop.base.text import cut, shown
 from taskloop.core import reads
 from taskloop.ops import metrics
-from taskloop.worker import replies
+from taskloop.worker.execution import replies
 
 log = logging.getLogger("taskloop.messages")
 
@@ -118,7 +118,7 @@ class StartMessage(BaseModel):
 class Carried(BaseModel):
     """What a phase message carries besides its ids, when the write that queued it put the fields it
     reads into it (core/reads.py): their values, when it was queued, and whether it is marked as
-    delivered before (worker/replies.py). A header that is not this is ignored: the worker reads."""
+    delivered before (worker/execution/replies.py). A header that is not this is ignored: the worker reads."""
 
     model_config = ConfigDict(frozen=True)
 

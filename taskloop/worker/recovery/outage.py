@@ -41,7 +41,7 @@ from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime.commit import Sender, commit
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import recovery
+from taskloop.worker.recovery import executions as recovery
 
 log = logging.getLogger("taskloop.outage")
 

@@ -6,7 +6,7 @@ renewed it:
 - a **queued** phase whose message never arrived (lost by the broker, or the process that
   recorded it died before sending): the phase gets a new fencing token and a new message;
 - a **running** phase whose worker died, hung or was paused: the phase is queued again as a
-  replay, or fails with PhaseAbandoned after ``TASKLOOP_MAX_EXECUTIONS`` (recovery.py);
+  replay, or fails with PhaseAbandoned after ``TASKLOOP_MAX_EXECUTIONS`` (worker/recovery/executions.py);
 - any other task (finished, waiting): the stale lease is dropped;
 - a phase queued again under the lease of its earlier queueing (a loop's next phase keeps the
   lease its first one got, and its record says so: core/phases.py ``kept_lease``): the lease
@@ -54,10 +54,11 @@ from taskloop.runtime.starting import plan_pending
 from taskloop.store import keys as k
 from taskloop.store.compacted import Whole
 from taskloop.store.redis_store import Conflict, RedisStore
-from taskloop.worker import census as census_module
-from taskloop.worker import outage, recovery, unbegun
-from taskloop.worker.census import Census
-from taskloop.worker.deferred import started
+from taskloop.worker.execution.deferred import started
+from taskloop.worker.recovery import census as census_module
+from taskloop.worker.recovery import executions as recovery
+from taskloop.worker.recovery import outage, unbegun
+from taskloop.worker.recovery.census import Census
 
 log = logging.getLogger("taskloop.reconciler")
 
@@ -81,15 +82,16 @@ class Report:
     resent_after_restart: int = 0  # queued phases whose messages were sent again because of it
     orphans_restored: int = 0  # messages held by a worker that fell silent, sent again from the store
     compacted: int = 0  # finished runs rewritten as one compact record (store/compacted.py)
-    census_resent: int = 0  # queued phases whose message was lost in the broker, sent again (worker/census.py)
+    census_resent: int = 0  # queued phases whose message was lost in the broker, sent again (worker/recovery/census.py)
     planned: int = 0  # pending runs whose start was lost, planned here (runtime/starting.py)
-    unbegun_replayed: int = 0  # ran before their begin was written, on a silent or hung process (worker/unbegun.py)
+    # ran before their begin was written, on a silent or hung process (worker/recovery/unbegun.py)
+    unbegun_replayed: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
-Restore = Callable[[], int]  # sends again what silent workers held (worker/orphans.py)
+Restore = Callable[[], int]  # sends again what silent workers held (worker/recovery/orphans.py)
 
 
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
@@ -178,7 +180,7 @@ _NO_INFO: list[str] = []  # said once per process: INFO is refused, restarts are
 
 
 def _after_restart(store: RedisStore, settings: Settings, send: Sender, report: Report) -> None:
-    """If Redis restarted since the fleet last looked, re-send what may have died with it (outage.py)."""
+    """If Redis restarted since the fleet last looked, re-send what may have died with it (recovery/outage.py)."""
     try:
         started = outage.restarted_at(store)
     except StoreAccessDenied as exc:
@@ -256,7 +258,7 @@ def _reconcile_lease(store: RedisStore, settings: Settings, send: Sender, workfl
             report.moved += 1
         return
 
-    # a queued phase whose message began to run before its begin was written (worker/deferred.py)
+    # a queued phase whose message began to run before its begin was written (worker/execution/deferred.py)
     # and never got further in its queued lease: that execution is lost, and counts
     note = started(snap.get(fld.started_field(key)))
     ran = record.model_copy(update={"worker": note.worker, "began_at": note.at}) \

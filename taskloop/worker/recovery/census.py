@@ -3,7 +3,7 @@ seconds, not after their queued lease.
 
 kombu's Redis transport takes a message with ``BRPOP``, and with taskloop's settings (ack
 emulation off, connections/broker.py) keeps no copy of it: the worker holds it in memory, and its
-heartbeat lists it (worker/presence.py). Redis removes the message when it answers the ``BRPOP``:
+heartbeat lists it (worker/liveness/presence.py). Redis removes the message when it answers the ``BRPOP``:
 if that answer never reaches the worker (a network that drops packets while Redis still holds
 the connection, a connection cut with an RST, a worker killed at that moment), the message is
 gone. Its phase would stay queued until its queued lease (``TASKLOOP_QUEUED_LEASE_S``, 300 s):
@@ -43,10 +43,10 @@ from taskloop.core.phases import QUEUED_STATES
 from taskloop.runtime.commit import Sender
 from taskloop.runtime.fleet import HEARTBEAT_S, heartbeats, holdings
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import recovery
-from taskloop.worker.deferred import started
-from taskloop.worker.handled import Result
-from taskloop.worker.outage import PHASE_TASKS, redispatch, workflow_of
+from taskloop.worker.execution.deferred import started
+from taskloop.worker.execution.handled import Result
+from taskloop.worker.recovery import executions as recovery
+from taskloop.worker.recovery.outage import PHASE_TASKS, redispatch, workflow_of
 
 log = logging.getLogger("taskloop.census")
 
@@ -216,7 +216,7 @@ class Census:
                 if note is None or note.token != record.token:
                     resent += redispatch(self.store, self.settings, self.send, run_id, key, token=record.token)
                     continue
-                # its message was taken and its callback began (worker/deferred.py): replayed, and
+                # its message was taken and its callback began (worker/execution/deferred.py): replayed, and
                 # counted, if that execution is lost; left alone while its worker runs it
                 ran = record.model_copy(update={"worker": note.worker, "began_at": note.at})
                 if recovery.execution_lost(self.store, run_id, ran, self.settings.queued_lease_s):

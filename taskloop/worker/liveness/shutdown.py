@@ -41,8 +41,8 @@ from taskloop.core.phases import EventKind, Phase, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.runtime.commit import commit
-from taskloop.worker import recovery
-from taskloop.worker.executor import Executor
+from taskloop.worker.execution.executor import Executor
+from taskloop.worker.recovery import executions as recovery
 
 log = logging.getLogger("taskloop.shutdown")
 
@@ -136,7 +136,7 @@ def hand_back(executor: Executor, phase: Phase, run_id: str, key: str, round_: i
     another worker replays it without waiting for its lease to expire. False when that execution
     no longer owns the phase (it finished meanwhile, or was taken over), or the run's definition is
     not available here. (A slot the phase holds under a fleet limit stays with its task: the
-    replay takes it over, worker/limiter.py.)"""
+    replay takes it over, worker/limits/limiter.py.)"""
     store = executor.store
     snap = store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL, fld.F_WORKFLOW, fld.F_VERSION,
                                    fld.F_FINGERPRINT])

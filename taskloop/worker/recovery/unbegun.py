@@ -1,5 +1,5 @@
-"""Phases that ran before their begin was written (worker/deferred.py) on a process that hung,
-found from its worker's heartbeat (worker/presence.py lists what each pool runs, and since when).
+"""Phases that ran before their begin was written (worker/execution/deferred.py) on a process that hung,
+found from its worker's heartbeat (worker/liveness/presence.py lists what each pool runs, and since when).
 
 Such a phase holds no running lease yet: its record is still queued under its message's token.
 When a live worker's heartbeats have shown it running for longer than the running lease
@@ -8,7 +8,7 @@ When a live worker's heartbeats have shown it running for longer than the runnin
 would be, and if the process wakes, its outcome is refused (its phase was taken over).
 
 A dead pool process on a live worker is handled at once by the worker's main process
-(worker/pool_loss.py); what a worker that fell silent held, by worker/orphans.py.
+(worker/recovery/pool_loss.py); what a worker that fell silent held, by worker/recovery/orphans.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from taskloop.core.phases import QUEUED_STATES
 from taskloop.runtime.commit import Sender
 from taskloop.runtime.fleet import Held, heartbeats, holdings
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import recovery
-from taskloop.worker.handled import Result
-from taskloop.worker.outage import workflow_of
+from taskloop.worker.execution.handled import Result
+from taskloop.worker.recovery import executions as recovery
+from taskloop.worker.recovery.outage import workflow_of
 
 log = logging.getLogger("taskloop.unbegun")
 

@@ -3,7 +3,7 @@
 queues it consumes, how many phases it runs now and every message it holds, with what each of
 taskloop's names and since when its pool runs it), and removes it when it shuts down. A worker
 that falls silent while the others go on is taken for gone: the reconciler sends again what it
-held (worker/orphans.py).
+held (worker/recovery/orphans.py).
 
 ``taskloop status``, the fleet exporter and the UI's fleet page read the workers from there
 (runtime/fleet.py) instead of asking them over Celery's remote control. Reading needs no more
@@ -25,7 +25,7 @@ from taskloop.base import clock
 from taskloop.runtime.celery_app import DISPATCH_TASK, SETTLE_TASK, START_TASK
 from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, Held, WorkerInfo, gone_workers
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.outage import PHASE_TASKS
+from taskloop.worker.recovery.outage import PHASE_TASKS
 
 log = logging.getLogger("taskloop.presence")
 

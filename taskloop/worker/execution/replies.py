@@ -25,7 +25,7 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from taskloop.worker import pool_loss
+from taskloop.worker.recovery import pool_loss
 
 FAILED = "taskloop failed: "
 IGNORED = "taskloop ignored: "
@@ -56,7 +56,7 @@ def read(reply: Any) -> tuple[str, str] | None:
 
 class PhaseRequest(Request):  # type: ignore[misc]  # Celery is untyped
     """Celery's request of a taskloop task: a failed or refused reply is announced as such, and the
-    phase of a pool process that died while it ran is replayed at once (worker/pool_loss.py)."""
+    phase of a pool process that died while it ran is replayed at once (worker/recovery/pool_loss.py)."""
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
         exc = exc_info.exception

@@ -1,12 +1,12 @@
 """Executes one phase message on a worker: begin, call, record. It sequences the other worker
-modules; the rules live in them (deferred.py, outcomes.py, recovery.py, cache.py, limiter.py).
+modules; the rules live in them (deferred.py, core/outcomes.py, recovery/executions.py, cache.py, limits/limiter.py).
 
 1. **Ready**: a prepared phase runs on the fields its message carries, or on one plain read
    (deferred.py), and its begin is written with its outcome; a phase under a budget or a fleet
    limit begins in one call first (begin.lua: the record moves to running, an attempt is counted,
    a lease and the room under its limits are taken).
 2. Otherwise the **full path** decides on what was read: a stale or duplicated message is
-   refused; a redelivery whose execution was lost is replayed (recovery.py); a run whose
+   refused; a redelivery whose execution was lost is replayed (worker/recovery/executions.py); a run whose
    definition is not available here is aborted; on the first execution of an activation the
    condition and the cache are consulted; a cancelled run cancels the phase; then a guarded
    write admits the phase against the budget and begins it.
@@ -53,14 +53,16 @@ from taskloop.ops import metrics
 from taskloop.runtime.commit import Sender, begin, commit, through_outage
 from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Conflict, RedisStore
-from taskloop.worker import cache as caching
-from taskloop.worker import deferred as deferring
-from taskloop.worker import limiter, preparing, recovery, refusals
-from taskloop.worker.callbacks import build_context, call_phase, error_record
-from taskloop.worker.deferred import Deferred
-from taskloop.worker.handled import Handled, Result, handled_of
-from taskloop.worker.messages import Carried
-from taskloop.worker.watcher import Watcher
+from taskloop.worker.execution import cache as caching
+from taskloop.worker.execution import deferred as deferring
+from taskloop.worker.execution import preparing, refusals
+from taskloop.worker.execution.callbacks import build_context, call_phase, error_record
+from taskloop.worker.execution.deferred import Deferred
+from taskloop.worker.execution.handled import Handled, Result, handled_of
+from taskloop.worker.execution.messages import Carried
+from taskloop.worker.limits import limiter
+from taskloop.worker.liveness.watcher import Watcher
+from taskloop.worker.recovery import executions as recovery
 
 log = logging.getLogger("taskloop.executor")
 
@@ -487,7 +489,7 @@ class Executor:
                                     Outcome(EventKind.FAIL, error=error))
 
     def _abort(self, snap: Snapshot, error: ErrorRecord) -> Handled:
-        """The run cannot go on here: end it failed with ``error`` (see recovery.py)."""
+        """The run cannot go on here: end it failed with ``error`` (see worker/recovery/executions.py)."""
         recovery.abort_run(self.store, self.settings, self.send, snap, error)
         return Handled(Result.COMMITTED, outcome=EventKind.FAIL, error=error)
 

@@ -46,7 +46,7 @@ from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime.commit import Sender, commit
 from taskloop.runtime.fleet import ONLINE_WITHIN_S, WorkerInfo, heartbeats, holdings, node_of
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.handled import Handled, Result
+from taskloop.worker.execution.handled import Handled, Result
 
 log = logging.getLogger("taskloop.executor")
 
@@ -88,11 +88,11 @@ def worker_is_dead(worker: str | None, wait: float = 0.0) -> bool:
 def execution_lost(store: RedisStore, run_id: str, record: TaskRecord, queued_lease_s: float) -> bool:
     """The running execution behind a redelivered message is gone: its lease expired, its process
     died (Celery re-queues the message of a killed pool process), or its worker fell silent (the
-    reconciler gave a silent worker's messages back: worker/orphans.py). The lease is looked at
+    reconciler gave a silent worker's messages back: worker/recovery/orphans.py). The lease is looked at
     first, and the process only once, without waiting: anyone who can publish a message with a
     token one below a running phase's must not be able to hold a pool process with it."""
     now = clock.now()
-    # a queued record whose message began to run before its begin was written (worker/deferred.py)
+    # a queued record whose message began to run before its begin was written (worker/execution/deferred.py)
     own = own_lease_if_kept(record, queued_lease_s)
     expiry = own if own is not None else store.lease_of(run_id, record.key)
     if expiry is not None and expiry < now:
@@ -132,7 +132,7 @@ def abandoned_error(record: TaskRecord, max_executions: int) -> ErrorRecord:
 
 def plan_recovery(planner: Planner, record: TaskRecord, max_executions: int) -> TaskRecord:
     """Plan the replay of a running phase whose execution was lost (or give up on it). A queued
-    record whose execution was lost before its begin was written (worker/deferred.py) is begun
+    record whose execution was lost before its begin was written (worker/execution/deferred.py) is begun
     first, where it began: that execution counts like any other."""
     now = planner.now
     if record.slot is Slot.QUEUED:

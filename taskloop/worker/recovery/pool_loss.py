@@ -8,7 +8,7 @@ The phase's record then shows one of two things:
   its begin. The redelivered message would find it too (executor.py, ``_decide``); doing it here
   does not wait for the message to come round.
 - **queued** under the message's own token: the phase ran before its begin was written
-  (worker/deferred.py), and nothing but this handler knows that its execution was lost. It is
+  (worker/execution/deferred.py), and nothing but this handler knows that its execution was lost. It is
   begun and expired in one write, so that the execution counts (one attempt, one execution: the
   redelivery cap, ``TASKLOOP_MAX_EXECUTIONS``, still ends a phase that keeps killing its
   process).
@@ -30,9 +30,9 @@ from taskloop.core import fields as fld
 from taskloop.core.phases import Phase, Slot, active_state
 from taskloop.runtime import celery_app
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker import recovery
-from taskloop.worker.handled import Handled
-from taskloop.worker.outage import PHASE_TASKS, workflow_of
+from taskloop.worker.execution.handled import Handled
+from taskloop.worker.recovery import executions as recovery
+from taskloop.worker.recovery.outage import PHASE_TASKS, workflow_of
 
 log = logging.getLogger("taskloop.pool_loss")
 

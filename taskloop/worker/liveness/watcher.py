@@ -7,7 +7,7 @@ For each running phase it:
   ``TASKLOOP_WATCH_INTERVAL_S``);
 - renews the phase's lease, guarded by the phase record: a worker whose phase was taken over
   learns it (its signal is set with reason ``superseded``);
-- writes the begin of a phase that runs before its begin is written (worker/deferred.py) once it
+- writes the begin of a phase that runs before its begin is written (worker/execution/deferred.py) once it
   has run ``MARK_S``: from then on the phase holds a running lease, renewed as above; a begin that
   is refused sets the signal (the run's reason, or ``superseded``);
 - calls the phase's ``overrun`` hook once when the callback ignored its signal for longer
@@ -35,7 +35,7 @@ from taskloop.core.rules import control_reason
 from taskloop.define.context import Signal
 from taskloop.runtime.commit import write
 from taskloop.store.redis_store import Conflict, RedisStore
-from taskloop.worker.deferred import MARK_S, Deferred
+from taskloop.worker.execution.deferred import MARK_S, Deferred
 
 log = logging.getLogger("taskloop.watcher")
 

@@ -28,7 +28,7 @@ from taskloop.define.options import Cache
 from taskloop.define.tasks import Task
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.callbacks import error_record, invoke
+from taskloop.worker.execution.callbacks import error_record, invoke
 
 log = logging.getLogger("taskloop.cache")
 

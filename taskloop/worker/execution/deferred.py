@@ -18,7 +18,7 @@ renews, the run's readers see it running on its worker, a duplicate of its messa
 before its callback, and a cancel that lands meanwhile sets its signal. Until then, a phase runs
 under its queued lease; a pool process that dies while running it is replayed by the worker's
 main process (replies.py), and a process that hangs before ``MARK_S`` is found from the worker's
-heartbeat (presence.py, reconciler.py).
+heartbeat (liveness/presence.py, recovery/reconciler.py).
 
 Which phases take this path: those whose begin is prepared (no condition or cache to consult
 first), with no fleet limit on the phase (its room is taken in begin.lua) and no budget on the
@@ -46,7 +46,7 @@ from taskloop.define.tasks import Task
 from taskloop.runtime.commit import begin
 from taskloop.store.redis_store import RedisStore
 from taskloop.store.side import Side
-from taskloop.worker.messages import Carried
+from taskloop.worker.execution.messages import Carried
 
 log = logging.getLogger("taskloop.deferred")
 
