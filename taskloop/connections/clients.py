@@ -66,18 +66,25 @@ def sentinel_manager(target: Target, socket_timeout: float) -> Any:
 
 def store_client(url: str, *, retries: int = 3, single_connection: bool = False,
                  socket_timeout: float = 5.0, health_check: bool = True,
-                 config: Settings | None = None) -> Any:
+                 config: Settings | None = None, shared_by: int | None = None) -> Any:
     """The redis-py client of the store for ``url``: ``redis.Redis`` (one Redis, or the Sentinel
     master through a SentinelConnectionPool) or ``redis.cluster.RedisCluster``.
 
     ``retries``: connection and timeout errors are retried with exponential backoff (0: never).
     ``single_connection``: one connection for the whole client (not for a cluster, which keeps
-    one pool per node). ``health_check``: PING a connection idle for 15 s before using it."""
+    one pool per node). ``shared_by``: the client serves this many threads or greenlets at once (a
+    worker on a threads, gevent or asyncio pool): one Redis, by TLS or a unix socket, gets a
+    blocking pool of ``pool_size(shared_by)`` connections, which a caller waits for instead of
+    failing with redis-py's "Too many connections" (its pools stop at 100 by default); a Sentinel
+    master's pool and a cluster's node pools are allowed as many connections as callers.
+    ``health_check``: PING a connection idle for 15 s before using it."""
     target = parse(url, config)
     warn_if_insecure(target, "the taskloop store")
     kwargs = _common_kwargs(target, socket_timeout)
     if target.kind == "cluster":
         seeds = list(dict.fromkeys([*target.hosts, *_CLUSTER_NODES.get(url, ())]))
+        if shared_by:
+            kwargs["max_connections"] = max(shared_by, 100)
         try:  # RedisCluster reads the slot map from a seed node at once (not lazily like redis.Redis)
             client = _cluster.RedisCluster(startup_nodes=[_cluster.ClusterNode(host, port) for host, port in seeds],
                                            retry=_retry(retries), **kwargs)
@@ -94,6 +101,8 @@ def store_client(url: str, *, retries: int = 3, single_connection: bool = False,
         assert target.master is not None
         kwargs.pop("ssl", None)
         kwargs["connection_class"] = SentinelSSLConnection if target.tls else SentinelConnection
+        if shared_by:
+            kwargs["max_connections"] = max(shared_by, 100)
         sentinel_pool = _sentinel.SentinelConnectionPool(target.master, sentinel_manager(target, socket_timeout),
                                                          **kwargs)
         client = redis.Redis(connection_pool=sentinel_pool, single_connection_client=single_connection)
@@ -104,15 +113,71 @@ def store_client(url: str, *, retries: int = 3, single_connection: bool = False,
         kwargs.pop("socket_keepalive", None)
         kwargs.pop("socket_keepalive_options", None)
         kwargs.pop("db", None)
-        return redis.Redis.from_url(_strip_query(url, keep=("db",)), single_connection_client=single_connection,
-                                    **kwargs)
+        unix_url = _strip_query(url, keep=("db",))
+        if shared_by:
+            shared = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+                unix_url, max_connections=pool_size(shared_by), timeout=socket_timeout, **kwargs))
+            shared.auto_close_connection_pool = True
+            return shared
+        return redis.Redis.from_url(unix_url, single_connection_client=single_connection, **kwargs)
     host, port = target.hosts[0]
-    pool = redis.ConnectionPool(
-        host=host, port=port, connection_class=redis.SSLConnection if target.tls else redis.Connection,
+    pool_class = redis.BlockingConnectionPool if shared_by else redis.ConnectionPool
+    sizing: dict[str, Any] = {"max_connections": pool_size(shared_by), "timeout": socket_timeout} if shared_by else {}
+    pool = pool_class(
+        host=host, port=port, connection_class=redis.SSLConnection if target.tls else redis.Connection, **sizing,
         **{name: value for name, value in kwargs.items() if name != "ssl"})
     client = redis.Redis(connection_pool=pool, single_connection_client=single_connection)
     client.auto_close_connection_pool = True
     return client
+
+
+# an event loop's calls wait for one of these connections: a round trip holds one for well under a
+# millisecond, and more connections would only queue the calls inside Redis instead
+ASYNC_CONNECTIONS = 32
+
+
+def async_store_client(url: str, *, socket_timeout: float = 5.0, config: Settings | None = None) -> Any | None:
+    """An asyncio client (``redis.asyncio.Redis``) of one Redis for the store's URL, with the same
+    credentials, TLS, database and timeouts as ``store_client``'s: what an event loop makes a
+    phase's begin and commit with (store/aio.py). None for a Sentinel or a Cluster, whose calls the
+    event loop makes on the sync client instead."""
+    import redis.asyncio
+
+    target = parse(url, config)
+    if target.kind not in ("redis", "unix"):
+        return None
+    kwargs = _common_kwargs(target, socket_timeout)
+    kwargs["retry"] = _async_retry()
+    kwargs["retry_on_error"] = [rex.ConnectionError, rex.TimeoutError]
+    kwargs["health_check_interval"] = HEALTH_CHECK_INTERVAL_S
+    pool: Any
+    if target.kind == "unix":
+        for name in ("socket_connect_timeout", "socket_keepalive", "socket_keepalive_options"):
+            kwargs.pop(name, None)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(_strip_query(url, keep=("db",)),
+                                                             max_connections=ASYNC_CONNECTIONS, **kwargs)
+    else:
+        host, port = target.hosts[0]
+        kwargs.pop("ssl", None)
+        pool = redis.asyncio.BlockingConnectionPool(
+            host=host, port=port, db=target.db, max_connections=ASYNC_CONNECTIONS,
+            connection_class=redis.asyncio.SSLConnection if target.tls else redis.asyncio.Connection, **kwargs)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
+
+
+def _async_retry() -> Any:
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    return AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), 3)
+
+
+def pool_size(callers: int) -> int:
+    """The connections a store client shared by ``callers`` threads or greenlets keeps: a phase holds
+    one for a round trip of well under a millisecond, then waits seconds on its callback, so a few
+    dozen serve a thousand phases in flight."""
+    return max(4, min(callers, 64))
 
 
 def is_cluster(client: Any) -> bool:

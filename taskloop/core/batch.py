@@ -134,6 +134,12 @@ class Batch(Writes):
         self.stats: dict[str, int] = {}  # fleet counters (tl:stats) added in the same round trip
         self.limits: LimitOp | None = None  # a fleet-limits operation made in the same call (a slot's release)
 
+    @property
+    def sets_control(self) -> bool:
+        """Whether the write sets the run's control flag (a cancel, a stop): the store then tells the
+        watchers of the run's running phases (store/running.py, the controls feed)."""
+        return fld.F_CONTROL in self.hset or fld.F_CONTROL in self.final.hset
+
     # guards ---------------------------------------------------------------------------------
     def expect(self, field: str, value: str | None, label: str = "") -> Batch:
         """The field must still hold ``value`` (None: must be absent)."""

@@ -6,6 +6,10 @@
   the outage sweep and the reconciler.
 - ``begin``: the begin the scheduler prepared for a queued phase (begin.lua), which writes the
   running record and its lease, or only reads, for the executor to decide.
+- ``commit_once``: the first attempt of ``commit`` with its write awaited on an event loop (the
+  asyncio pool's), or None for the caller to commit on the sync path.
+- ``begin_many``, ``renew``: the watcher's calls for all of a process's running phases at once: the
+  begins of phases that run before their begin is written, and their lease renewals.
 - ``write``: one guarded batch that needs no plan: a control flag (cancel), a pending run's first
   records, a counter of refused deliveries, a usage receipt, a lease renewal or a stale lease
   dropped. Applied or refused as a whole, like a plan's write.
@@ -31,8 +35,10 @@ from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import Workflow
 from taskloop.ops import metrics
+from taskloop.store.aio import AsyncScripts
 from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Applied, BeginReply, Conflict, RedisStore
+from taskloop.store.running import Begin, Renewal, Renewed
 
 log = logging.getLogger("taskloop.runtime.commit")
 
@@ -70,6 +76,17 @@ def begin(store: RedisStore, run_id: str, key: str, round: int, phase: str, toke
     """Begin a prepared phase in one call (taking its room under ``limits``), or read ``fields``
     for the caller (store.begin)."""
     return store.begin(run_id, key, round, phase, token, worker, now, fields, limits)
+
+
+def begin_many(store: RedisStore, begins: Sequence[Begin]) -> list[BeginReply]:
+    """Begin several prepared phases (no limits) in one round trip (store.begin_many: the watcher's
+    marks of the phases that run before their begin is written)."""
+    return store.begin_many(begins)
+
+
+def renew(store: RedisStore, renewals: Sequence[Renewal]) -> list[Renewed]:
+    """Renew the leases of running phases, each guarded by its record, in one call (store.renew_leases)."""
+    return store.renew_leases(renewals)
 
 
 def write(store: RedisStore, batch: Batch) -> Applied | Conflict:
@@ -117,6 +134,24 @@ def commit(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender,
         "another writer keeps changing the same records. Nothing was written by this attempt; try again",
         conflict,
     )
+
+
+async def commit_once(store: RedisStore, aio: AsyncScripts, plan: Plan, snapshot: Snapshot, send: Sender,
+                      limits: LimitOp | None = None) -> Committed | None:
+    """``commit``'s first attempt, its write awaited on an event loop (store/aio.py): the Committed,
+    or None when the write is not one script call (a Cluster, a cancel, a run's first or last
+    listing) or was refused (a conflict, a limit): the caller then commits on the sync path, which
+    plans again. ``plan`` may raise to give up, as for ``commit``."""
+    planner = plan(snapshot)
+    batch = planner.batch()
+    batch.limits = limits
+    folded = _fold(send, planner, batch)
+    result = await aio.apply(batch)
+    if not isinstance(result, Applied):
+        return None
+    committed = Committed(planner, result.finished, result.picked)
+    _after(store, committed, None if folded else send)
+    return committed
 
 
 def through_outage(store: RedisStore, plan: Plan, snapshot: Snapshot, send: Sender, limit_s: float,

@@ -49,19 +49,36 @@ class Indexes:
 
     # worker presence (taskloop/worker/liveness/presence.py) ---------------------------------------------
     @wrap
-    def note_worker(self, node: str, info: str) -> None:
-        """Record a worker's heartbeat."""
-        self.client.hset(k.WORKERS, node, info)
+    def note_worker(self, node: str, info: str, held: str | None = None) -> None:
+        """Record a worker's heartbeat, and what it holds (kept apart: the holdings of a worker with
+        thousands of phases in flight are large, and only the reconciler reads them)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(k.WORKERS, node, info)
+        if held is not None:
+            pipe.hset(k.HELD, node, held)
+        pipe.execute()
 
     @wrap
     def forget_workers(self, *nodes: str) -> None:
         if nodes:
-            self.client.hdel(k.WORKERS, *nodes)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hdel(k.WORKERS, *nodes)
+            pipe.hdel(k.HELD, *nodes)
+            pipe.execute()
 
     @wrap
     def workers_seen(self) -> dict[str, str]:
         """Each worker's last heartbeat (node -> JSON), stale ones included."""
         return dict(self.client.hgetall(k.WORKERS))
+
+    @wrap
+    def holdings_seen(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Each worker's last heartbeat and what it held then (node -> compact JSON), read together."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(k.WORKERS)
+        pipe.hgetall(k.HELD)
+        beats, held = pipe.execute()
+        return dict(beats), dict(held)
 
     @wrap
     def count_finished(self, metas: Sequence[Any]) -> None:

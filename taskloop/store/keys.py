@@ -43,6 +43,8 @@ RECONCILER_LAST = f"{PREFIX}:reconciler:last"  # STRING: JSON report of the last
 SERVER_SEEN = f"{PREFIX}:server"  # STRING: the identity (INFO run_id) of the Redis the reconciler last saw
 LISTED_WORKFLOWS = f"{PREFIX}:runs:workflows"  # SET of the workflow names that have run lists
 LEGACY_STATUS_LISTS = tuple(f"{PREFIX}:runs:s:{status.value}" for status in RunStatus)  # no longer written
+CONTROLS = f"{PREFIX}:controls"  # STREAM of the runs whose control flag was set (store/running.py)
+HELD = f"{PREFIX}:held"  # HASH node -> the messages a worker held at its last heartbeat (compact JSON)
 WORKERS = f"{PREFIX}:workers"  # HASH node -> JSON of the worker as it last said (taskloop/worker/liveness/presence.py)
 
 

@@ -18,13 +18,14 @@ from taskloop.connections.urls import redact as redact
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Listed, ListKey
 from taskloop.core.events import Event, from_entry, split_id
-from taskloop.core.limits import LimitOp
 from taskloop.core.snapshot import Snapshot
 from taskloop.store import keys as k
 from taskloop.store.calls import wrap
 from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
 from taskloop.store.limit_store import Admission, Limits, as_number, limit_argv, limit_keys
+from taskloop.store.running import BeginReply as BeginReply
+from taskloop.store.running import Running
 from taskloop.store.side import Side
 
 P = ParamSpec("P")
@@ -65,21 +66,23 @@ class Conflict:
 
 
 @dataclass(frozen=True)
+class ScriptCall:
+    """One call of a write script (RedisStore.script_call)."""
+
+    script: str
+    keys: list[str]
+    args: list[str | int | float]
+    named: list[str]  # workflows named in the set of listed workflows with it
+    cluster: bool
+    alone: bool  # it is the whole write: nothing before or after it
+
+
+@dataclass(frozen=True)
 class Applied:
     """A batch was applied; ``finished``: it ended the run (n:open reached 0)."""
 
     finished: bool
     picked: tuple[str, ...] = ()  # with a "wake": the waiters the released slots let start (to send again)
-
-
-@dataclass(frozen=True)
-class BeginReply:
-    """What begin.lua did: ``began`` the prepared phase (values[0] is then the running record), or
-    only read the asked-for fields for the caller to decide on."""
-
-    began: bool
-    fields: dict[str, str | None]
-    refused: Admission | None = None  # a fleet limit refused the phase (it joined that limit's wait queue)
 
 
 def _entry_order(entry_id: str) -> tuple[int, int]:
@@ -95,32 +98,35 @@ def _first_scan_step(pipe: Any, run: str, match: str, also: Sequence[str]) -> No
     pipe.hscan(run, 0, match=match, count=1000)
 
 
-class RedisStore(Compacted, Indexes, Limits):
+class RedisStore(Compacted, Indexes, Limits, Running):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (errors.describe)."""
 
     def __init__(self, url: str, *, retries: int = 3, client: redis.Redis | None = None,
-                 single_connection: bool = False, events_maxlen: int = EVENTS_MAXLEN) -> None:
+                 single_connection: bool = False, events_maxlen: int = EVENTS_MAXLEN,
+                 shared_by: int | None = None) -> None:
         """``single_connection``: one connection for the whole process (a worker's pool process,
-        which makes its calls one after another) instead of a connection pool."""
+        which makes its calls one after another) instead of a connection pool; ``shared_by``: the
+        store serves that many threads or greenlets at once (connections/clients.py)."""
         self.url = url
         self.events_maxlen = events_maxlen
         # Any: redis-py types every reply as a sync/async union; the shapes are checked by the tests.
         # redis.Redis (one Redis, or the Sentinel master) or redis.cluster.RedisCluster: see connections.py.
-        self.client: Any = client or self._connect(retries, single_connection)
+        self.client: Any = client or self._connect(retries, single_connection, shared_by)
         self._blocking: Any = None  # a client for blocking reads, made on first use
         self._named: dict[str, float] = {}
         self._legacy_deleted = False
         self._side: Side | None = None  # for writes whose replies are read later (note_later)
         self._scripts = {name: _Script(load_script(name))
-                         for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote")}
+                         for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote",
+                                                                 "renew")}
 
 
     @wrap
-    def _connect(self, retries: int, single_connection: bool) -> Any:
+    def _connect(self, retries: int, single_connection: bool, shared_by: int | None) -> Any:
         """The store's client (a single-connection client connects here, and fails here as any call)."""
         return clients.store_client(self.url, retries=retries, single_connection=single_connection,
-                                    socket_timeout=SOCKET_TIMEOUT_S)
+                                    socket_timeout=SOCKET_TIMEOUT_S, shared_by=shared_by)
 
     # reads of one run -----------------------------------------------------------------------
     @wrap
@@ -215,33 +221,6 @@ class RedisStore(Compacted, Indexes, Limits):
         """The whole run (inspect of one run): its hash, or everything a compacted run holds."""
         found = dict(self.client.hgetall(k.RunKeys.of(run_id).run))
         return self.compacted_fields(run_id) if fld.F_COMPACT in found else found
-
-    @wrap
-    def begin(self, run_id: str, key: str, round: int, phase: str, token: int, worker: str, now: float,
-              fields: Sequence[str], limits: LimitOp | None = None) -> BeginReply:
-        """Begin the phase the scheduler prepared (begin.lua), or read ``fields`` for the caller:
-        ``fields`` starts with the task's record fields (fld.record_fields) and the control flag.
-        ``limits`` (an ``acquire``, single Redis only): the fleet limits the worker expects the
-        prepared begin to name, whose room is then taken in the same call."""
-        keys = k.RunKeys.of(run_id)
-        script_keys = [keys.run, keys.leases]
-        presented: list[str] = ["", "", "", ""]
-        if limits is not None:
-            script_keys += limit_keys(limits.specs)
-            presented = [limits.tag, limits.member, limits.holder, fld.throttle_field(key)]
-        argv: list[str | int | float] = [fld.begin_field(key), *fld.record_fields(key), fld.usage_field("attempts"),
-                                         key, token, round, phase, worker, repr(now), *presented, *fields]
-        reply = self._call("begin", script_keys, argv)
-        began, values, more_names, more = reply[:4]
-        found = dict(zip(more_names, more, strict=True))
-        found.update(zip(fields, values, strict=True))
-        if began == 2:
-            assert limits is not None
-            index, retry, used, allowed = reply[4]
-            spec = limits.specs[int(index) - 1]
-            return BeginReply(False, found, Admission(False, spec.name, spec.value, float(retry), as_number(used),
-                                                      as_number(allowed)))
-        return BeginReply(bool(began), found)
 
     @wrap
     def leases(self, run_id: str, until: float, limit: int = 100) -> list[tuple[str, float]]:
@@ -360,13 +339,11 @@ class RedisStore(Compacted, Indexes, Limits):
         return self._scanned(run_id, match, also, values, marker, cursor, dict(found))
 
     # writes of one run ----------------------------------------------------------------------
-    @wrap
-    def apply(self, batch: Batch) -> Conflict | Applied | Admission:
-        """Run the batch atomically: Applied, or the first guard that failed (nothing written). A
-        batch with a limits operation makes it in the same call (cas_limits.lua; on a Cluster, where
-        the limits live in other slots, in calls of their own): ``wake`` releases the phase's slots
-        once the write is applied; ``acquire`` takes the room of the phase the write begins, after
-        the guards and before the writes, and a refusal (the Admission) writes nothing."""
+    def script_call(self, batch: Batch) -> ScriptCall:
+        """The script call that applies ``batch`` (cas.lua, or cas_limits.lua with its limits
+        operation): its keys and arguments, and whether it is the whole write (``alone``: one Redis,
+        nothing written around it), which an event loop may then make on a connection of its own
+        (store/aio.py) and read with ``applied``."""
         cluster = clients.is_cluster(self.client)
         key_of = None if cluster else k.run_list  # a Cluster's run lists are in other slots: written after
         args: list[str | int | float] = [*batch.argv(key_of), self.events_maxlen, batch.run_id]
@@ -377,14 +354,27 @@ class RedisStore(Compacted, Indexes, Limits):
             script = "cas_limits"
             args = [len(keys), *args, *limit_argv(op.op, op.specs, op.now, op.member, op.holder, op.expiry)]
             keys = [*keys, *limit_keys(op.specs)]
-        elif op is not None and op.op == "acquire":  # a Cluster: the room first, in the limits' own slots
-            admission = self.acquire(op.specs, op.member, op.holder, op.expiry, op.now)
-            if not admission.admitted:
-                return admission
         # the workflows whose lists this write enters the run in, named in the set of listed
         # workflows (store/indexes.py: at most once a minute per process)
         named = self.workflows_to_name(entry.workflow for entry in batch.all_listed()
                                        if entry.workflow is not None and entry.score is not None)
+        alone = not (cluster or batch.indexes or batch.stats or named or batch.sets_control)
+        return ScriptCall(script, keys, args, named, cluster, alone)
+
+    @wrap
+    def apply(self, batch: Batch) -> Conflict | Applied | Admission:
+        """Run the batch atomically: Applied, or the first guard that failed (nothing written). A
+        batch with a limits operation makes it in the same call (cas_limits.lua; on a Cluster, where
+        the limits live in other slots, in calls of their own): ``wake`` releases the phase's slots
+        once the write is applied; ``acquire`` takes the room of the phase the write begins, after
+        the guards and before the writes, and a refusal (the Admission) writes nothing."""
+        call = self.script_call(batch)
+        script, keys, args, named, cluster = call.script, call.keys, call.args, call.named, call.cluster
+        op = batch.limits
+        if cluster and op is not None and op.op == "acquire":  # a Cluster: the room first, in the limits' own slots
+            admission = self.acquire(op.specs, op.member, op.holder, op.expiry, op.now)
+            if not admission.admitted:
+                return admission
         if batch.indexes or batch.stats or named:
             pipe = self.client.pipeline(transaction=False)
             for index, member, score in batch.indexes:
@@ -409,14 +399,23 @@ class RedisStore(Compacted, Indexes, Limits):
                     raise reply
         else:
             reply = self._call(script, keys, args)
+        return self.applied(batch, call, reply)
+
+    def applied(self, batch: Batch, call: ScriptCall, reply: Any) -> Conflict | Applied | Admission:
+        """What the script call of ``batch`` came to (its reply), with what follows it on a Cluster
+        (the run lists, the slots given back) and a cancel's announcement."""
+        op, cluster = batch.limits, call.cluster
         if reply[0] == 2:  # cas_limits.lua: a limit refused the phase; nothing was written
             assert op is not None
             refused = op.specs[int(reply[1]) - 1]
             return Admission(False, refused.name, refused.value, float(reply[2]), as_number(reply[3]),
                              as_number(reply[4]))
         if reply[0] == 1:
+            if batch.sets_control:  # a cancel or a stop: the watchers of the run's phases are told
+                self.announce_control(batch.run_id)
             finished = batch.finishes or (reply[1] == 0 and batch.open_delta != 0)
-            picked: tuple[str, ...] = tuple(reply[2]) if script == "cas_limits" and op and op.op == "wake" else ()
+            picked: tuple[str, ...] = tuple(reply[2]) if call.script == "cas_limits" and op and op.op == "wake" \
+                else ()
             if cluster:
                 self._write_lists(batch.run_id, batch.all_listed(finished))
                 if op is not None and op.op == "wake":
