@@ -19,6 +19,7 @@ moved meanwhile refuses the commit, and the outcome is planned again on a read o
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from taskloop.core import fields as fld
 from taskloop.core.begin import outcome_fields
@@ -61,6 +62,14 @@ def read_fields(key: str, base: list[str], learned: tuple[str, ...] | list[str])
     """What the one read asks for: ``base`` (message_fields), the prepared begin, the start note,
     and the fields the outcome will read besides (its dependents' records)."""
     return [*base, fld.begin_field(key), fld.started_field(key), *(f for f in learned if f not in base)]
+
+
+def context_fields(key: str, after: Sequence[str], loop: bool, round: int) -> list[str]:
+    """What a callback's context may read while it runs (``ctx.input``, ``ctx.value(dep)``, a loop's
+    ``ctx.previous``): read before an ``async def`` callback is awaited, with the phase's own read, so
+    that the callback makes no blocking read on its event loop (worker/pools/asyncio_pool.py)."""
+    return [fld.F_INPUT, *(fld.value_field(dep) for dep in after),
+            *([fld.candidate_field(key, round - 1)] if loop and round > 1 else [])]
 
 
 def carried_fields(workflow: Workflow, key: str, phase: Phase, round: int) -> list[str]:

@@ -20,6 +20,7 @@ class Signal:
         self._reason: str | None = None
         self._lock = threading.Lock()
         self.set_at: float | None = None  # when the signal was set (epoch seconds)
+        self._listeners: list[Callable[[str], None]] = []
 
     @property
     def cancelled(self) -> bool:
@@ -40,10 +41,30 @@ class Signal:
     def set(self, reason: str) -> None:
         """Cancel the phase. The first reason wins."""
         with self._lock:
+            if self._event.is_set():
+                return
+            self._reason = reason
+            self.set_at = clock.now()
+            self._event.set()
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(reason)
+
+    def forget_listeners(self) -> None:
+        """The phase is over: drop the listeners (they reference what watched it, which references
+        this signal: without this, every phase would leave a reference cycle for the collector)."""
+        with self._lock:
+            self._listeners = []
+
+    def on_set(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` once the phase is cancelled (now, if it is): how the asyncio pool
+        cancels an async callback's task (worker/pools/asyncio_pool.py)."""
+        with self._lock:
             if not self._event.is_set():
-                self._reason = reason
-                self.set_at = clock.now()
-                self._event.set()
+                self._listeners.append(listener)
+                return
+            reason = self._reason or "cancelled"
+        listener(reason)
 
 
 _UNREAD: Any = object()

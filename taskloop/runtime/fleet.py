@@ -6,7 +6,7 @@ last pass (the store). All of it is read with plain reads: the read-only ``monit
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,37 +24,70 @@ FORGET_AFTER_S = 3600.0  # a worker gone without a word leaves tl:workers after 
 HOLD_MARGIN_S = 1.0  # a message taken this long before a heartbeat is in that heartbeat's ``held``
 
 
-class Held(BaseModel):
+@dataclass(frozen=True)
+class Held:
     """A taskloop message a worker held at a heartbeat (prefetched, waiting for a countdown or
     running): its task and what it names, and since when its pool has run it (by the worker's
     clock; None while it waits). The broker keeps no copy of a message a worker took (kombu's ack
     emulation is off): when the worker falls silent, these are what the reconciler sends again
     (taskloop/worker/recovery/orphans.py)."""
 
-    model_config = ConfigDict(frozen=True)
     task: str
     run_id: str
     key: str | None = None  # a phase message's task key
     token: int | None = None  # ... and its token
-    keys: list[str] = Field(default_factory=list)  # a taskloop.dispatch message's task keys
+    keys: list[str] = field(default_factory=list)  # a taskloop.dispatch message's task keys
     since: float | None = None
     pid: int | None = None  # the pool process that runs it
 
 
+# a held message's task, one letter in the holdings record
+_CODES = {"taskloop.attempt": "a", "taskloop.check": "c", "taskloop.run": "r", "taskloop.dispatch": "d",
+          "taskloop.start": "s", "taskloop.settle": "x"}
+_TASKS = {code: task for task, code in _CODES.items()}
+
+
+def encode_held(messages: list[Held]) -> str:
+    """What a worker holds, as the store keeps it beside its heartbeat (``tl:held``): one JSON list
+    per message, ``[task, run, key, token, keys, since, pid]``, with the task as one letter. A worker
+    with ten thousand phases in flight writes it every heartbeat, and each reconcile pass reads
+    it once: plain lists, not objects, keep both cheap."""
+    return json.dumps([[_CODES[m.task], m.run_id, m.key, m.token, m.keys or 0, m.since, m.pid] for m in messages
+                       if m.task in _CODES], separators=(",", ":"))
+
+
+def decode_held(raw: str | None) -> list[Held]:
+    """The messages of a holdings record (what does not parse is left out)."""
+    try:
+        rows = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    found = []
+    for row in rows if isinstance(rows, list) else []:
+        try:
+            code, run_id, key, token, keys, since, pid = row
+            found.append(Held(_TASKS[code], run_id, key, token, list(keys) if keys else [], since, pid))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return found
+
+
 class WorkerInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
+
     node: str
     processes: int
     pid: int | None = None
     queues: list[str] = Field(default_factory=list)
     active: int = 0  # tasks running on it at its last heartbeat
     at: float | None = None  # when it wrote that heartbeat
-    # the ids of every task message it held then (prefetched, waiting for a countdown or running)
-    held: list[str] = Field(default_factory=list)
-    # ... and those of taskloop's tasks, with what they name: what the reconciler sends again when it
-    # falls silent (taskloop/worker/recovery/orphans.py), what a census must not take for lost
-    # (taskloop/worker/recovery/census.py), and which phases it has run how long (taskloop/worker/recovery/unbegun.py)
-    messages: list[Held] = Field(default_factory=list)
+    holding: int = 0  # taskloop messages it held then (prefetched, waiting for a countdown or running)
+    # ... and what they name: what the reconciler sends again when it falls silent
+    # (taskloop/worker/recovery/orphans.py), what a census must not take for lost
+    # (taskloop/worker/recovery/census.py), and which phases it has run how long
+    # (taskloop/worker/recovery/unbegun.py). Kept apart from the heartbeat (``encode_held``):
+    # only ``heartbeats(..., held=...)`` reads them in.
+    messages: list[Held] = Field(default_factory=list, exclude=True)
 
 
 class LimitInfo(BaseModel):
@@ -129,14 +162,23 @@ def heartbeat(raw: str) -> WorkerInfo | None:
         return None
 
 
-def heartbeats(seen: dict[str, str]) -> dict[str, WorkerInfo]:
-    """Every heartbeat that parses and has a time, by node."""
+def heartbeats(seen: dict[str, str], held: dict[str, str] | None = None) -> dict[str, WorkerInfo]:
+    """Every heartbeat that parses and has a time, by node; with ``held`` (store.holdings_seen), each
+    with the messages it held."""
     beats = {}
     for node, raw in seen.items():
         info = heartbeat(raw)
         if info is not None and info.at is not None:
-            beats[node] = info.model_copy(update={"node": node})
+            update: dict[str, Any] = {"node": node}
+            if held is not None:
+                update["messages"] = decode_held(held.get(node))
+            beats[node] = info.model_copy(update=update)
     return beats
+
+
+def read_holdings(store: RedisStore) -> dict[str, WorkerInfo]:
+    """Every worker's last heartbeat with the messages it held: what a reconcile pass reads once."""
+    return heartbeats(*store.holdings_seen())
 
 
 @dataclass(frozen=True)
@@ -151,6 +193,11 @@ class Holdings:
     phases: frozenset[tuple[str, str, int]]  # (run, key, token) of the phase messages held
     dispatching: frozenset[str]  # runs with a taskloop.dispatch message held
     silent: frozenset[str]  # nodes that fell silent while the others went on
+
+    @property
+    def tasks(self) -> frozenset[tuple[str, str]]:
+        """(run, key) of the phase messages held, whatever their token."""
+        return frozenset((run_id, key) for run_id, key, _ in self.phases)
 
 
 def holdings(beats: dict[str, WorkerInfo], now: float) -> Holdings:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,13 +45,40 @@ def failure(exc: BaseException) -> Outcome:
 
 
 def invoke(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a sync or async callback and return its result."""
+    """Call a sync or async callback and return its result. An ``async def`` called here (a sync
+    pool's thread or greenlet, or the asyncio pool's threads: a condition, a cache key) is awaited on
+    the process's one event loop (``event_loop``), never on a loop of its own."""
     result = fn(*args)
     if inspect.isawaitable(result):
         async def wait() -> Any:
             return await result
-        result = asyncio.run(wait())
+        result = asyncio.run_coroutine_threadsafe(wait(), event_loop()).result()
     return result
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid: int | None = None
+_loop_lock = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for async callbacks: the asyncio pool's (``use_event_loop``), or one
+    started on a thread of its own the first time a sync pool meets an ``async def`` (a prefork
+    pool process makes its own after the fork)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="taskloop-event-loop", daemon=True).start()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
+
+
+def use_event_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` (running on a thread of its own) this process's loop for async callbacks."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        _loop, _loop_pid = loop, os.getpid()
 
 
 class Usage:
@@ -142,52 +171,99 @@ def too_large(task: Task, round: int, what: str, size: int, limit: int, setting:
 
 def call_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot, caps: Caps = DEFAULT_CAPS) -> Outcome:
     """Run the phase's callback and describe what it produced (never raises for user errors)."""
-    key, round = task.key, getattr(ctx, "round", 0)
     try:
-        if phase is Phase.CHECK:
-            assert task.check is not None
-            raw = snap.get(fld.candidate_field(key, round))
-            try:
-                check = LoopCheck.coerce(invoke(task.check, ctx, json.loads(raw) if raw else None))
-            except InvalidCheckResult as exc:  # say which round returned it
-                raise InvalidCheckResult(f"{exc} (task {key} round {round})") from exc
-            stored = limits.store_form(check.stored(), caps.feedback)  # a LoopCheck is lossless JSON
-            if stored.raw is None:
-                return too_large(task, round, "check result (its feedback)", stored.size or 0, caps.feedback,
-                                 limits.FEEDBACK_ENV)
-            check_raw = stored.raw
-            if check.done:
-                accepted = Outcome(EventKind.ACCEPT, {fld.check_field(key, round): check_raw,
-                                                      fld.value_field(key): raw or "null"}, score=check.score)
-                return with_notes(accepted, ctx, task, phase, caps)
-            data = {fld.check_field(key, round): check_raw}
-            record = snap.record(key)
-            if task.on_exhausted == "best" and record is not None and \
-                    scores.keeps(scores.before(record.scores, round), check.score):
-                data[fld.value_field(key)] = raw or "null"  # the best so far: the value if the loop runs out
-            rejected = Outcome(EventKind.REJECT, data, feedback=check.feedback, score=check.score)
-            return with_notes(rejected, ctx, task, phase, caps)
-        if phase is Phase.ATTEMPT:
-            assert task.attempt is not None
-            given = snap.get(fld.feedback_field(key, round))  # a fork gave this round its feedback
-            previous = snap.get(fld.check_field(key, round - 1)) if round > 1 and given is None else None
-            if given is not None:
-                feedback = json.loads(given)
-            else:
-                feedback = json.loads(previous)["feedback"] if previous else None
-            result = invoke(task.attempt, ctx, feedback)
-            kind, field_name = EventKind.CANDIDATE, fld.candidate_field(key, round)
+        fn, args = phase_arguments(task, phase, ctx, snap)
+        result = invoke(fn, *args)
+    except Exception as exc:
+        return raised(exc, task, ctx)
+    return produced(result, task, phase, ctx, snap, caps)
+
+
+async def acall_phase(task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot,
+                      caps: Caps = DEFAULT_CAPS) -> Outcome:
+    """``call_phase`` for an ``async def`` callback, awaited on the running event loop (the asyncio
+    pool's). A cancel of the awaiting task (a timeout, a cancelled run) propagates as
+    ``asyncio.CancelledError`` once the callback lets it."""
+    try:
+        fn, args = phase_arguments(task, phase, ctx, snap)
+        result = await fn(*args)
+    except Exception as exc:
+        return raised(exc, task, ctx)
+    return produced(result, task, phase, ctx, snap, caps)
+
+
+def phase_arguments(task: Task, phase: Phase, ctx: TaskContext,
+                    snap: Snapshot) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The phase's callback and what it is called with: the context, and for an attempt the feedback
+    it gets, for a check the candidate."""
+    key, round = task.key, getattr(ctx, "round", 0)
+    if phase is Phase.CHECK:
+        assert task.check is not None
+        raw = snap.get(fld.candidate_field(key, round))
+        return task.check, (ctx, json.loads(raw) if raw else None)
+    if phase is Phase.ATTEMPT:
+        assert task.attempt is not None
+        given = snap.get(fld.feedback_field(key, round))  # a fork gave this round its feedback
+        previous = snap.get(fld.check_field(key, round - 1)) if round > 1 and given is None else None
+        if given is not None:
+            feedback = json.loads(given)
         else:
-            assert task.run is not None
-            result = invoke(task.run, ctx)
-            kind, field_name = EventKind.SUCCEED, fld.value_field(key)
-    except Cancelled as exc:
+            feedback = json.loads(previous)["feedback"] if previous else None
+        return task.attempt, (ctx, feedback)
+    assert task.run is not None
+    return task.run, (ctx,)
+
+
+def raised(exc: Exception, task: Task, ctx: TaskContext) -> Outcome:
+    """What a callback that raised comes to."""
+    if isinstance(exc, InvalidCheckResult):  # a check that built a wrong LoopCheck: say which round
+        return _invalid_check(exc, task, getattr(ctx, "round", 0))
+    if isinstance(exc, Cancelled):
         return Outcome(EventKind.CANCEL, error=error_record(exc), exception=exc, cancelled=True)
-    except OutputTooLarge as exc:  # a usage receipt over its cap (Usage.report_once)
+    if isinstance(exc, OutputTooLarge):  # a usage receipt over its cap (Usage.report_once)
         return Outcome(EventKind.FAIL, error=ErrorRecord(type=OutputTooLarge.__name__, message=text.cut(exc.message)),
                        exception=exc)
-    except Exception as exc:
-        return failure(exc)
+    return failure(exc)
+
+
+def _invalid_check(exc: InvalidCheckResult, task: Task, round: int) -> Outcome:
+    """A check that returned (or built) something other than a LoopCheck: the failure names its round."""
+    try:
+        raise InvalidCheckResult(f"{exc} (task {task.key} round {round})") from exc
+    except InvalidCheckResult as named:
+        return failure(named)
+
+
+def produced(result: Any, task: Task, phase: Phase, ctx: TaskContext, snap: Snapshot,
+             caps: Caps = DEFAULT_CAPS) -> Outcome:
+    """What a callback that returned ``result`` comes to: a check's verdict, a candidate, a value."""
+    key, round = task.key, getattr(ctx, "round", 0)
+    if phase is Phase.CHECK:
+        raw = snap.get(fld.candidate_field(key, round))
+        try:
+            check = LoopCheck.coerce(result)
+        except InvalidCheckResult as exc:
+            return _invalid_check(exc, task, round)
+        stored = limits.store_form(check.stored(), caps.feedback)  # a LoopCheck is lossless JSON
+        if stored.raw is None:
+            return too_large(task, round, "check result (its feedback)", stored.size or 0, caps.feedback,
+                             limits.FEEDBACK_ENV)
+        check_raw = stored.raw
+        if check.done:
+            accepted = Outcome(EventKind.ACCEPT, {fld.check_field(key, round): check_raw,
+                                                  fld.value_field(key): raw or "null"}, score=check.score)
+            return with_notes(accepted, ctx, task, phase, caps)
+        data = {fld.check_field(key, round): check_raw}
+        record = snap.record(key)
+        if task.on_exhausted == "best" and record is not None and \
+                scores.keeps(scores.before(record.scores, round), check.score):
+            data[fld.value_field(key)] = raw or "null"  # the best so far: the value if the loop runs out
+        rejected = Outcome(EventKind.REJECT, data, feedback=check.feedback, score=check.score)
+        return with_notes(rejected, ctx, task, phase, caps)
+    if phase is Phase.ATTEMPT:
+        kind, field_name = EventKind.CANDIDATE, fld.candidate_field(key, round)
+    else:
+        kind, field_name = EventKind.SUCCEED, fld.value_field(key)
     stored = limits.store_form(result, caps.output)
     if stored.problem is not None:
         return non_json(stored.problem, task, round)

@@ -43,8 +43,9 @@ from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, TaskRecord,
 from taskloop.core.rules import control_reason
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task
-from taskloop.runtime.commit import begin
+from taskloop.runtime.commit import begin_many
 from taskloop.store.redis_store import RedisStore
+from taskloop.store.running import Begin, BeginReply
 from taskloop.store.side import Side
 from taskloop.worker.execution.messages import Carried
 
@@ -147,6 +148,10 @@ class Mark:
         assert value is not None
         return value
 
+    def token(self, key: str) -> int:
+        """The fencing token of the running record the begin wrote."""
+        return int(json.loads(self.raw(key)).get("token", 0))
+
 
 class Deferred:
     """A phase running before its begin is written. The watcher may write the begin (``mark``);
@@ -178,27 +183,27 @@ class Deferred:
         """Write the begin now (begin.lua, begun at ``started``); the mark, or None when it was
         refused (``refused`` says why) or the phase is being recorded already. Raises
         StoreUnavailable when Redis is away (the watcher tries again)."""
-        with self._lock:
-            if self.settled:
-                return self.marked
-            self._note_landed()
-            names = [*fld.record_fields(self.key), fld.F_CONTROL]
-            reply = begin(self.store, self.run_id, self.key, self.round, self.phase.value, self.token, self.worker,
-                          self.started, names)
-            if reply.began:
-                self.marked = Mark({name: reply.fields.get(name) for name in fld.record_fields(self.key)})
-            else:
-                self.refused = control_reason(reply.fields.get(fld.F_CONTROL)) or "superseded"
-            return self.marked
+        mark_all(self.store, [self])
+        return self.marked
+
+    def _begin(self) -> Begin:
+        return Begin(self.run_id, self.key, self.round, self.phase.value, self.token, self.worker, self.started,
+                     [*fld.record_fields(self.key), fld.F_CONTROL])
+
+    def _apply(self, reply: BeginReply) -> None:
+        if reply.began:
+            self.marked = Mark({name: reply.fields.get(name) for name in fld.record_fields(self.key)})
+        else:
+            self.refused = control_reason(reply.fields.get(fld.F_CONTROL)) or "superseded"
 
     def claim(self) -> Mark | None:
         """No mark from now on: the outcome is being recorded. The mark made before, if any."""
         with self._lock:
             self._closed = True
-            self._note_landed()
+            self.note_landed()
             return self.marked
 
-    def _note_landed(self) -> None:
+    def note_landed(self) -> None:
         """The start note sent without waiting is in Redis before the phase's begin or outcome is
         written (its reply read; a connection that failed meanwhile is logged, and the write goes on:
         the begin or outcome written records the execution itself)."""
@@ -208,3 +213,25 @@ class Deferred:
                 log.warning("run %s task %s: the start note of %s round %s may not have landed (the connection "
                             "failed); its outcome records the execution", self.run_id, self.key, self.phase.value,
                             self.round)
+
+
+def mark_all(store: RedisStore, deferreds: list[Deferred]) -> None:
+    """Write the begins of deferred phases that have run MARK_S, in one round trip (the watcher's,
+    once per interval for all of a process's phases): each is marked, or refused (its ``refused``
+    says why), unless it is being recorded already. Raises StoreUnavailable when Redis is away
+    (nothing is marked; the watcher tries again)."""
+    taken: list[Deferred] = []
+    for deferred in deferreds:
+        deferred._lock.acquire()
+        if deferred.settled:
+            deferred._lock.release()
+        else:
+            taken.append(deferred)
+    try:
+        for deferred in taken:
+            deferred.note_landed()
+        for deferred, reply in zip(taken, begin_many(store, [d._begin() for d in taken]), strict=True):
+            deferred._apply(reply)
+    finally:
+        for deferred in taken:
+            deferred._lock.release()

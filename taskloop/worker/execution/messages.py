@@ -129,14 +129,22 @@ class Carried(BaseModel):
 
 def carried_of(request: Any) -> Carried | None:
     """The carried fields of a Celery task request (its ``tl_carry`` and ``tl_at`` headers and its
-    ``redelivered`` mark, in the headers or the delivery info), or None."""
-    values = getattr(request, reads.CARRY_HEADER, None)
+    ``redelivered`` mark, in the headers or the delivery info), or None. ``request`` is the task's
+    context (headers as attributes) or the worker's request (headers in its ``request_dict``: the
+    asyncio pool's)."""
+    headers = getattr(request, "request_dict", None)
+    if isinstance(headers, dict):
+        values, queued_at = headers.get(reads.CARRY_HEADER), headers.get(reads.QUEUED_AT_HEADER)
+        marked = headers.get("redelivered")
+    else:
+        values, queued_at = getattr(request, reads.CARRY_HEADER, None), getattr(request, reads.QUEUED_AT_HEADER, None)
+        marked = getattr(request, "redelivered", None)
     if values is None:
         return None
     info = getattr(request, "delivery_info", None) or {}
-    redelivered = bool(getattr(request, "redelivered", None) or (isinstance(info, dict) and info.get("redelivered")))
+    redelivered = bool(marked or (isinstance(info, dict) and info.get("redelivered")))
     try:
-        return Carried(values=values, queued_at=getattr(request, reads.QUEUED_AT_HEADER, None), redelivered=redelivered)
+        return Carried(values=values, queued_at=queued_at, redelivered=redelivered)
     except ValidationError as exc:
         log.warning("a phase message's %s header is not what taskloop writes (%s); the worker reads instead",
                     reads.CARRY_HEADER, problem_of(exc))

@@ -23,23 +23,11 @@ from celery.worker import state as worker_state
 
 from taskloop.base import clock
 from taskloop.runtime.celery_app import DISPATCH_TASK, SETTLE_TASK, START_TASK
-from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, Held, WorkerInfo, gone_workers
+from taskloop.runtime.fleet import HEARTBEAT_S, ONLINE_WITHIN_S, Held, WorkerInfo, encode_held, gone_workers
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.recovery.outage import PHASE_TASKS
 
 log = logging.getLogger("taskloop.presence")
-
-
-def held_ids() -> list[str]:
-    """The ids of the task messages this worker holds: prefetched, waiting for a countdown, or
-    running (Celery's worker state, kept by the main process)."""
-    for _ in range(10):  # the main thread may change these sets while this thread reads them
-        try:
-            held = [*worker_state.reserved_requests, *worker_state.active_requests, *worker_state.scheduled_requests]
-        except RuntimeError:
-            continue
-        return sorted({request.id for request in held if isinstance(getattr(request, "id", None), str)})
-    raise RuntimeError("the worker's requests kept changing while the heartbeat read them")
 
 
 def _requests() -> tuple[list[Any], list[Any]]:
@@ -80,22 +68,23 @@ class Seen:
         since = {request.id: self._since.get(request.id, at) for request in running
                  if isinstance(getattr(request, "id", None), str)}
         self._since = since
-        found = [held_message(r, None) for r in waiting if r not in running]
+        found = [held_message(r, None) for r in waiting if getattr(r, "id", None) not in since]
         found += [held_message(r, since.get(getattr(r, "id", None), at)) for r in running]
         return [held for held in found if held is not None]
 
 
 def describe(consumer: Any, node: str, seen: Seen | None = None) -> WorkerInfo:
-    """This worker as its heartbeat tells it (read from Celery's consumer and worker state). The
-    time is taken before the messages held are read: every message taken before it is among them."""
+    """This worker as its heartbeat tells it (read from Celery's consumer and worker state), with
+    the messages it holds. The time is taken before the messages held are read: every message
+    taken before it is among them."""
     at = clock.now()
     pool = getattr(consumer, "pool", None)
     processes = getattr(pool, "num_processes", None) or getattr(pool, "limit", None) or 0
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
+    messages = (seen or Seen()).messages(at)
     return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
-                      active=len(worker_state.active_requests), at=at, held=held_ids(),
-                      messages=(seen or Seen()).messages(at))
+                      active=len(worker_state.active_requests), at=at, holding=len(messages), messages=messages)
 
 
 class Presence:
@@ -117,7 +106,8 @@ class Presence:
     def beat(self, prune: bool = False) -> None:
         """One heartbeat; never raises (a Redis outage only makes this worker look gone for a while)."""
         try:
-            self.store.note_worker(self.node, describe(self.consumer, self.node, self.seen).model_dump_json())
+            info = describe(self.consumer, self.node, self.seen)
+            self.store.note_worker(self.node, info.model_dump_json(), encode_held(info.messages))
             if prune:
                 self.store.forget_workers(*gone_workers(self.store.workers_seen(), clock.now()))
         except Exception as exc:

@@ -41,6 +41,7 @@ from taskloop.core.phases import EventKind, Phase, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.runtime.commit import commit
+from taskloop.worker.execution import process
 from taskloop.worker.execution.executor import Executor
 from taskloop.worker.recovery import executions as recovery
 
@@ -102,6 +103,13 @@ class GracefulShutdown:
     STUCK_S = 10.0  # after the grace period and the hand-backs
 
     def stop_stuck_pool(self) -> None:
+        if process.POOL.kind in ("threads", "gevent"):
+            # a callback that ignores its signal holds Celery's join of the pool's threads; every
+            # phase of this process was handed back (or ended), so the process ends here
+            log.warning("warm shutdown: %d phase(s) still running %.0f s after the grace period ignore their "
+                        "signal; they were handed back; exiting", len(running_phases()), self.STUCK_S)
+            logging.shutdown()
+            os._exit(0)
         pids = [pid for pid in (getattr(self.pool, "info", None) or {}).get("processes", []) if pid]
         if not pids:
             return
@@ -125,8 +133,13 @@ class GracefulShutdown:
             return False  # it finished (or was taken over) meanwhile: Celery waits for its process
         self.handed_back += 1
         request.acknowledge()
-        if self.pool is not None:
+        if process.POOL.kind in ("threads", "gevent"):
+            # the phase's thread or greenlet runs in this process, with all the others: its signal
+            # says it was superseded (its late outcome is refused: its token is no longer the record's)
+            self.executor().watcher.supersede(run_id, key)
+        elif self.pool is not None and process.POOL.kind != "asyncio":
             request.terminate(self.pool, signal="SIGTERM")
+        # (asyncio: the pool process runs every phase; the pool stops it after the grace, asyncio_pool.py)
         return True
 
 

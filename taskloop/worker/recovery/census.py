@@ -41,7 +41,7 @@ from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.phases import QUEUED_STATES
 from taskloop.runtime.commit import Sender
-from taskloop.runtime.fleet import HEARTBEAT_S, heartbeats, holdings
+from taskloop.runtime.fleet import HEARTBEAT_S, WorkerInfo, heartbeats, holdings, read_holdings
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution.deferred import started
 from taskloop.worker.execution.handled import Result
@@ -125,11 +125,11 @@ class Census:
     def due(self, now: float) -> bool:
         return now - self.last >= CENSUS_S
 
-    def observe(self, now: float | None = None) -> None:
+    def observe(self, now: float | None = None, beats: dict[str, WorkerInfo] | None = None) -> None:
         """Date the tail of every queue now (each reconcile pass): a census compares the heartbeats
         with cutoffs observed before them."""
         now = clock.now() if now is None else now
-        beats = heartbeats(self.store.workers_seen())
+        beats = heartbeats(self.store.workers_seen()) if beats is None else beats
         queues = {self.app.conf.task_default_queue, *(queue for info in beats.values() for queue in info.queues)}
         with self.app.connection_for_write() as connection:
             channel = connection.default_channel
@@ -138,13 +138,16 @@ class Census:
         self.observed.append((now, {queue: tail - MARGIN_S for queue, tail in dated.items() if tail is not None}))
         del self.observed[:-KEEP_OBSERVED]
 
-    def run(self, now: float | None = None) -> int:
-        """One census; how many phases it sent again."""
+    def run(self, now: float | None = None, beats: dict[str, WorkerInfo] | None = None) -> int:
+        """One census; how many phases it sent again (``beats``: the heartbeats with their holdings,
+        as a reconcile pass read them)."""
         now = clock.now() if now is None else now
         self.last = now
+        beats = read_holdings(self.store) if beats is None else beats
         if not self.observed or now - self.observed[-1][0] > HEARTBEAT_S:
-            self.observe(now)
-        hold = holdings(heartbeats(self.store.workers_seen()), now)
+            self.observe(now, beats)
+        hold = holdings(beats, now)
+        held_tasks = hold.tasks
         if hold.before is None:
             return 0
         # the tails dated before every live worker's last heartbeat: a message taken from its queue
@@ -160,6 +163,11 @@ class Census:
             start += len(run_ids)
             rows = self.store.leases_of_runs(run_ids, max(cutoffs.values()) + self.settings.queued_lease_s)
             for run_id, keys in zip(run_ids, rows, strict=True):
+                # a run whose leased tasks all have a message a live worker holds (running, or
+                # prefetched) is not read: most of a busy fleet's runs. A task whose held message is
+                # of an earlier token (its phase moved on since that heartbeat) is looked at by the
+                # next census, once the heartbeats no longer list that message
+                keys = [key for key in keys if (run_id, key) not in held_tasks]
                 if keys and run_id not in hold.dispatching:
                     resent += self._resend(run_id, keys, cutoffs, hold.phases)
             if len(run_ids) < PAGE:

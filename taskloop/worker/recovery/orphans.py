@@ -32,7 +32,7 @@ from taskloop.core import fields as fld
 from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, RunStatus
 from taskloop.runtime.celery_app import DISPATCH_TASK, START_TASK
 from taskloop.runtime.commit import Sender
-from taskloop.runtime.fleet import Held, heartbeats, holdings, node_of
+from taskloop.runtime.fleet import Held, WorkerInfo, holdings, node_of, read_holdings
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution.deferred import started
 from taskloop.worker.execution.handled import Result
@@ -42,9 +42,11 @@ from taskloop.worker.recovery.outage import PHASE_TASKS, redispatch, workflow_of
 log = logging.getLogger("taskloop.orphans")
 
 
-def settle_orphans(app: Any, store: RedisStore, settings: Settings, send: Sender, now: float | None = None) -> int:
-    """Send again what the workers that fell silent held; how many messages were acted on."""
-    beats = heartbeats(store.workers_seen())
+def settle_orphans(app: Any, store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
+                   beats: dict[str, WorkerInfo] | None = None) -> int:
+    """Send again what the workers that fell silent held; how many messages were acted on
+    (``beats``: the heartbeats with their holdings, as a reconcile pass read them)."""
+    beats = read_holdings(store) if beats is None else beats
     hold = holdings(beats, clock.now() if now is None else now)
     acted = 0
     for node in sorted(hold.silent):

@@ -49,6 +49,7 @@ from taskloop.core.snapshot import RunMeta, Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Sender, commit, write
+from taskloop.runtime.fleet import WorkerInfo, read_holdings
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.starting import plan_pending
 from taskloop.store import keys as k
@@ -91,7 +92,9 @@ class Report:
         return ", ".join(f"{f.name} {getattr(self, f.name)}" for f in fields(self))
 
 
-Restore = Callable[[], int]  # sends again what silent workers held (worker/recovery/orphans.py)
+# sends again what silent workers held (worker/recovery/orphans.py), given the fleet's heartbeats
+# with their holdings as the pass read them (None: it reads them itself)
+Restore = Callable[[dict[str, WorkerInfo] | None], int]
 
 
 def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
@@ -104,24 +107,29 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
     now = clock.now() if now is None else now
     report = Report()
     _after_restart(store, settings, send, report)
+    beats: dict[str, WorkerInfo] | None = None
+    try:  # the heartbeats and holdings, read once for the pass (thousands of messages per worker)
+        beats = read_holdings(store)
+    except TaskLoopError as exc:
+        log.warning("reconcile: the workers' heartbeats were not read: %s", exc)
     try:  # before the messages of silent workers go back: they come back stale then
-        report.unbegun_replayed = unbegun.recover(store, settings, send, now)
+        report.unbegun_replayed = unbegun.recover(store, settings, send, now, beats=beats)
     except TaskLoopError as exc:
         log.warning("reconcile: the phases workers ran before their begin were not looked at: %s", exc)
     if restore is not None:
         try:
-            report.orphans_restored = restore()
+            report.orphans_restored = restore(beats)
         except Exception as exc:  # the broker may be away or refuse this user: the pass goes on
             log.warning("reconcile: the messages of silent workers were not looked at: %s: %s",
                         type(exc).__name__, exc)
     if census is not None:
         try:  # each pass dates the queues' tails; a census compares the heartbeats with an earlier dating
-            census.observe(now)
+            census.observe(now, beats=beats)
         except Exception as exc:
             log.warning("reconcile: the queues' tails were not dated: %s: %s", type(exc).__name__, exc)
     if census is not None and (report.orphans_restored or census.due(now)):
         try:
-            report.census_resent = census.run(now)
+            report.census_resent = census.run(now, beats=beats)
         except Exception as exc:  # as above: the next pass tries again
             log.warning("reconcile: no census of lost messages: %s: %s", type(exc).__name__, exc)
     for _ in range(batches):

@@ -21,7 +21,7 @@ from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.phases import QUEUED_STATES
 from taskloop.runtime.commit import Sender
-from taskloop.runtime.fleet import Held, heartbeats, holdings
+from taskloop.runtime.fleet import Held, WorkerInfo, holdings, read_holdings
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution.handled import Result
 from taskloop.worker.recovery import executions as recovery
@@ -30,9 +30,11 @@ from taskloop.worker.recovery.outage import workflow_of
 log = logging.getLogger("taskloop.unbegun")
 
 
-def recover(store: RedisStore, settings: Settings, send: Sender, now: float | None = None) -> int:
-    """Replay the phases that hung processes of live workers ran before their begin was written."""
-    beats = heartbeats(store.workers_seen())
+def recover(store: RedisStore, settings: Settings, send: Sender, now: float | None = None,
+            beats: dict[str, WorkerInfo] | None = None) -> int:
+    """Replay the phases that hung processes of live workers ran before their begin was written
+    (``beats``: the heartbeats with their holdings, as a reconcile pass read them)."""
+    beats = read_holdings(store) if beats is None else beats
     if not beats:
         return 0
     hold = holdings(beats, clock.now() if now is None else now)
