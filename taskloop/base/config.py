@@ -75,6 +75,12 @@ class Settings:
     # Lease of a running phase, renewed while the callback runs; a dead worker's phase is
     # replayed once its lease has expired.
     running_lease_s: float = field(default_factory=lambda: _float("TASKLOOP_LEASE_S", 30.0))
+    # The pool a worker runs phases on (taskloop worker -P; taskloop/worker/pools/__init__.py):
+    # prefork, threads, gevent, asyncio or solo; empty: the Celery configuration's, else prefork.
+    pool: str = field(default_factory=lambda: os.environ.get("TASKLOOP_POOL", "").strip())
+    # The asyncio pool (taskloop worker -P asyncio): threads that run sync callbacks and the tasks
+    # that are not phases (taskloop/worker/pools/asyncio_pool.py).
+    sync_threads: int = field(default_factory=lambda: _int("TASKLOOP_SYNC_THREADS", 100))
     # How often a worker polls for cancellation of the phases it runs.
     watch_interval_s: float = field(default_factory=lambda: _float("TASKLOOP_WATCH_INTERVAL_S", 0.2))
     # A phase executed this many times without recording an outcome is failed.

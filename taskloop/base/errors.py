@@ -253,6 +253,11 @@ class OutboxUnsupported(TaskLoopError):
     are then sent after each write instead)."""
 
 
+class PoolRefused(TaskLoopError, ValueError):
+    """A worker was asked to run phases on a pool taskloop cannot run them correctly on (``-P
+    eventlet``, an unknown pool class): refused at start, never accepted and left hanging."""
+
+
 class UIRefused(TaskLoopError):
     """``taskloop ui`` will not start as asked (the message says why and what to do); the CLI
     prints it as one line."""

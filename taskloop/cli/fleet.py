@@ -22,13 +22,16 @@ from taskloop.cli.display import plain, print_result, render_run
 @click.command()
 @IMPORT_OPTION
 @click.option("-c", "--concurrency", type=click.IntRange(1), default=None,
-              help="Pool processes (default: the number of CPUs).")
+              help="Phases at once: pool processes (prefork, default: the number of CPUs), or threads, greenlets "
+                   "or async phases in one process (threads, gevent, asyncio).")
 @click.option("-Q", "--queues", default=None, help="Comma-separated queues to consume (default: taskloop).")
 @click.option("-n", "--hostname", default=None,
               help="Worker node name, e.g. w1@%h (default: taskloop-<pid>@%h, unique on the host).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR.")
 @click.option("--logfile", default=None, help="Write the log here instead of stderr.")
-@click.option("--pool", "-P", default=None, help="Celery pool: prefork (default), threads or solo.")
+@click.option("--pool", "-P", default=None,
+              help="prefork (default; CPU-bound callbacks), threads or gevent (sync callbacks that wait on a model), "
+                   "asyncio (async def callbacks, thousands at once), solo.")
 @click.option("--beat", "-B", is_flag=True, help="Also run the beat scheduler (the periodic reconciler).")
 @click.option("--events", "-E", is_flag=True, help="Send task events (Flower also turns them on by itself).")
 @click.option("--supervise/--no-supervise", default=True, show_default=True,
@@ -56,10 +59,18 @@ def worker(imports: tuple[str, ...], concurrency: int | None, queues: str | None
     # there stops the worker with the same message, not restarted: EXIT_BAD_IMPORT).
     import_modules((), find_only=supervise)
     argv = ["--loglevel", loglevel, "--without-gossip", "--without-mingle", "-O", "fair"]
-    if pool == "prefork":  # Celery's prefork pool, with taskloop's fix (taskloop/celery_fixes/pool.py)
-        from taskloop.celery_fixes.pool import POOL
+    if pool is not None:  # refused here, with the reason, rather than by a worker that hangs
+        from taskloop.worker import pools
 
-        pool = POOL
+        try:
+            pools.celery_pool(pool)
+        except TaskLoopError as exc:
+            raise click.UsageError(str(exc)) from None
+        # the worker's app sets Celery's worker_pool from it (taskloop's own pool classes are no
+        # choice of Celery's --pool); Celery's own pools also go on its command line, where
+        # -P gevent tells the worker to monkey-patch before anything else (worker/boot.py)
+        os.environ["TASKLOOP_POOL"] = pool
+        pool = pool if pool in pools.COMMAND_LINE else None
     for flag, value in (("--concurrency", concurrency), ("-Q", queues), ("-n", hostname or default_node_name()),
                         ("--logfile", logfile), ("--pool", pool)):
         if value:
@@ -168,6 +179,7 @@ def status(as_json: bool) -> None:
 def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     """Re-dispatch phases whose lease expired (lost messages, dead or paused workers)."""
     from taskloop.runtime.celery_app import PhaseSender, make_app
+    from taskloop.runtime.fleet import WorkerInfo
     from taskloop.store.redis_store import RedisStore
     from taskloop.worker.recovery.census import Census
     from taskloop.worker.recovery.orphans import settle_orphans
@@ -179,8 +191,8 @@ def reconcile_command(imports: tuple[str, ...], every: float | None) -> None:
     app = make_app(settings)
     send = PhaseSender(app, settings.redis_url)
 
-    def restore() -> int:
-        return settle_orphans(app, store, settings, send)
+    def restore(beats: dict[str, WorkerInfo] | None) -> int:
+        return settle_orphans(app, store, settings, send, beats=beats)
 
     census = Census(app, store, settings, send)
 

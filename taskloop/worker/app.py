@@ -14,15 +14,19 @@ from typing import Any
 
 from celery import signals
 
+from taskloop.base.config import settings
 from taskloop.celery_fixes import unchecked_versions
 from taskloop.celery_fixes.pool import POOL
 from taskloop.runtime.celery_app import make_app
+from taskloop.worker import pools
 from taskloop.worker.tasks import register
 
 log = logging.getLogger("taskloop.worker")
 
 app = make_app()
-if app.conf.worker_pool in (None, "prefork"):
+if settings().pool:  # taskloop worker -P (or TASKLOOP_POOL): refused here when taskloop cannot run on it
+    app.conf.worker_pool = pools.celery_pool(settings().pool)
+elif app.conf.worker_pool in (None, "prefork"):
     app.conf.worker_pool = POOL  # Celery's prefork pool, with taskloop's fix (celery_fixes/pool.py)
 register(app)
 # Celery's built-in tasks (celery.chain, celery.group, celery.chord_unlock, celery.accumulate, ...)

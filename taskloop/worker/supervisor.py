@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a worker that ran this long before dying restarts with the backoff reset
-EXIT_BAD_IMPORT = 78  # EX_CONFIG: the worker could not import a workflow module (not restarted)
+EXIT_BAD_IMPORT = 78  # EX_CONFIG: a workflow module does not import, or the pool is refused (not restarted)
+SUPERVISOR_ENV = "TASKLOOP_SUPERVISOR_PID"  # the worker's parent-death check (boot.py)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "WARN": 30, "ERROR": 40, "CRITICAL": 50, "FATAL": 50}
@@ -72,7 +73,9 @@ class Supervisor:
 
     def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None,
                  on_restart: Callable[[int], None] | None = None, log: Log | None = None) -> None:
-        self.argv = [sys.executable, "-m", "taskloop.worker", *argv]
+        # boot.py: dies with this process, and monkey-patches first on -P gevent (see its docstring)
+        self.argv = [sys.executable, "-P", os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot.py"),
+                     *argv]
         self.env = env
         self.on_restart = on_restart or (lambda code: None)
         self.log = log or Log()
@@ -93,9 +96,9 @@ class Supervisor:
         """Start the worker. The forwarded signals are blocked until its pid is known, so none
         arrives in between and is lost; the child starts with none blocked."""
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        env = {**(os.environ if self.env is None else self.env), SUPERVISOR_ENV: str(os.getpid())}
         try:
-            self.child = os.posix_spawn(self.argv[0], self.argv, os.environ if self.env is None else self.env,
-                                        setsigmask=blocked - set(FORWARDED))
+            self.child = os.posix_spawn(self.argv[0], self.argv, env, setsigmask=blocked - set(FORWARDED))
             return self.child
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -133,7 +136,7 @@ class Supervisor:
             if self.stopping or code == 0:
                 return code
             if code == EXIT_BAD_IMPORT:
-                self.log.error("the Celery worker could not import a workflow module (above); not restarting it")
+                self.log.error("the Celery worker could not start as configured (above); not restarting it")
                 return code
             self.restarts += 1
             if time.monotonic() - started >= HEALTHY_AFTER_S:

@@ -11,21 +11,19 @@ reconcile pass (beat).
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from typing import Any
 
 from celery import Celery, signals
-from celery.exceptions import Reject
 
 from taskloop.base.config import settings
-from taskloop.base.errors import StoreUnavailable
-from taskloop.core.phases import EventKind, Phase
+from taskloop.base.errors import PoolRefused
+from taskloop.core.phases import Phase
 from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.execution import executor as executor_module
-from taskloop.worker.execution import messages, replies, starter
+from taskloop.worker import pools
+from taskloop.worker.execution import messages, process, replies, running, starter
 from taskloop.worker.execution.executor import Executor
-from taskloop.worker.execution.handled import Result
 from taskloop.worker.limits.limiter import Drainer
 from taskloop.worker.liveness.presence import Presence
 from taskloop.worker.liveness.shutdown import GracefulShutdown
@@ -33,6 +31,7 @@ from taskloop.worker.logs import one_line_logs
 from taskloop.worker.recovery.census import Census
 from taskloop.worker.recovery.orphans import settle_orphans
 from taskloop.worker.recovery.reconciler import ReconcilerThread, reconcile
+from taskloop.worker.supervisor import EXIT_BAD_IMPORT
 
 log = logging.getLogger("taskloop.tasks")
 
@@ -41,50 +40,12 @@ log = logging.getLogger("taskloop.tasks")
 def _in_pool_process(**_: Any) -> None:
     """A prefork pool process: it may end itself to stop a callback that overran (the pool forks
     a replacement)."""
-    executor_module.hard_stop_allowed = True
-
-
-_executor: Executor | None = None
-_executor_pid: int | None = None
+    running.hard_stop_allowed = True
 
 
 def executor(app: Celery, hostname: str) -> Executor:
     """One executor per worker process, created after the fork."""
-    global _executor, _executor_pid
-    if _executor is None or _executor_pid != os.getpid():
-        config = settings()
-        store = RedisStore(config.redis_url, retries=10, single_connection=True, events_maxlen=config.events_maxlen)
-        sender = taskloop_app.PhaseSender(app, config.redis_url, ahead=store.client)
-        _executor = Executor(store, config, sender, f"{hostname}/{os.getpid()}", sender.resend)
-        _executor_pid = os.getpid()
-    return _executor
-
-
-def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-            name: str | None = None, carried: messages.Carried | None = None) -> str:
-    """One phase message: the reply Celery records (replies.py). ``name``: the message's Celery name
-    (its shadow, ``<workflow>.<key>.<phase>``); ``carried``: the fields it carries (core/reads.py)."""
-    message = messages.read(messages.PhaseMessage, f"taskloop.{phase.value}", args, kwargs,
-                            ("run_id", "key", "round", "token"))
-    if isinstance(message, str):
-        return message
-    worker: Executor | None = None
-    try:
-        worker = executor(app, hostname or "worker")
-        handled = worker.handle(phase, message.run_id, message.key, message.round, message.token, name, carried)
-    except StoreUnavailable as exc:
-        if worker is not None and worker.calling:
-            raise  # the callback ran: its outcome was retried for TASKLOOP_RECORD_OUTAGE_S; its lease replays it
-        # nothing ran yet (the store was away at the begin): the message goes back to the queue
-        # instead of being acknowledged, so the phase does not wait for its queued lease
-        log.warning("run %s task %s: the store is unreachable before %s round %s began; the message goes back "
-                    "to the queue (%s)", message.run_id, message.key, phase.value, message.round, exc)
-        raise Reject(f"store unreachable: {exc}", requeue=True) from None
-    if handled.result in (Result.STALE, Result.SUPERSEDED, Result.DROPPED):
-        return replies.ignored(f"{handled.result.value}: {handled.reason}")
-    if handled.outcome is EventKind.FAIL and handled.error is not None:
-        return replies.failed(f"{handled.error.type}: {handled.error.message}")
-    return str(handled.result.value)
+    return process.executor(app, hostname)
 
 
 def register(app: Celery) -> None:
@@ -94,17 +55,17 @@ def register(app: Celery) -> None:
 
     @app.task(name="taskloop.attempt", **options)
     def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow,
+        return process.execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow,
                        messages.carried_of(self.request))
 
     @app.task(name="taskloop.check", **options)
     def check(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow,
+        return process.execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow,
                        messages.carried_of(self.request))
 
     @app.task(name="taskloop.run", **options)
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
-        return execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow,
+        return process.execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow,
                        messages.carried_of(self.request))
 
     @app.task(name=taskloop_app.START_TASK, **options)
@@ -130,6 +91,25 @@ def register(app: Celery) -> None:
         worker = executor(app, self.request.hostname or "worker")
         return starter.handle_settle(worker, message.run_id)
 
+    @signals.worker_init.connect(weak=False)
+    def check_pool(sender: Any = None, **_: Any) -> None:
+        """A pool taskloop cannot run phases on is refused before the worker starts (pools/__init__.py)."""
+        from celery.concurrency import get_implementation
+
+        try:
+            process.POOL.kind = pools.kind_of(get_implementation(sender.pool_cls))
+        except PoolRefused as exc:
+            log.critical("%s", exc)
+            sys.stderr.flush()
+            raise SystemExit(EXIT_BAD_IMPORT) from None
+
+    @signals.worker_ready.connect(weak=False)
+    def note_concurrency(sender: Any = None, **_: Any) -> None:
+        pool = getattr(sender, "pool", None)
+        process.POOL.concurrency = int(getattr(pool, "limit", None) or getattr(pool, "num_processes", None) or 1)
+        if process.POOL.shared:  # this process holds many phases (or, asyncio, their messages) at once
+            pools.tune_collector()
+
     censuses: list[Census] = []
 
     def beat_census(worker: Executor) -> Census:
@@ -143,7 +123,8 @@ def register(app: Celery) -> None:
         """Beat entry point: one reconcile pass (see taskloop/worker/recovery/reconciler.py)."""
         worker = executor(app, "beat")
         return str(reconcile(worker.store, worker.settings, worker.send,
-                             restore=lambda: settle_orphans(app, worker.store, worker.settings, worker.send),
+                             restore=lambda beats: settle_orphans(app, worker.store, worker.settings, worker.send,
+                                                                   beats=beats),
                              census=beat_census(worker)))
 
     # a message Celery's own handler chokes on is dropped, never fatal (taskloop/worker/consumer.py)
@@ -171,7 +152,7 @@ def register(app: Celery) -> None:
         store = RedisStore(config.redis_url, retries=10, events_maxlen=config.events_maxlen)
         sender = taskloop_app.PhaseSender(app, config.redis_url)
         thread = ReconcilerThread(store, config, sender, config.reconcile_interval_s,
-                                  restore=lambda: settle_orphans(app, store, config, sender),
+                                  restore=lambda beats: settle_orphans(app, store, config, sender, beats=beats),
                                   census=Census(app, store, config, sender))
         thread.start()
         threads.append(thread)

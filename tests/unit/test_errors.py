@@ -14,7 +14,8 @@ from taskloop.core.phases import ErrorRecord, Termination
 from taskloop.core.rules import termination_for
 
 # raised by taskloop to itself, caught inside (the UI's answer 403, the CLI's one line)
-INTERNAL = {"IllegalTransition", "Superseded", "LimitRefused", "OutboxUnsupported", "UIRefused", "ActionRefused"}
+INTERNAL = {"IllegalTransition", "Superseded", "LimitRefused", "OutboxUnsupported", "UIRefused", "ActionRefused",
+            "PoolRefused"}
 
 
 def test_every_error_class_lives_in_base_errors_and_derives_from_taskloop_error() -> None:
