@@ -31,6 +31,7 @@ from typing import Any
 
 from taskloop.base.errors import RunNotFound
 from taskloop.core.events import Event
+from taskloop.core.reads import CARRY_FRESH_S
 from taskloop.runtime.client import CancelResult, TaskLoop
 from taskloop.runtime.models import executions
 from tests.faults import soak_flows
@@ -84,6 +85,9 @@ class Verdict:
     re_executions: int = 0  # real executions beyond the first of their (task, round, phase)
     late_ends: list[dict[str, Any]] = field(default_factory=list)  # real executions that ended after their run
     # ended (they began before it): executions that were paused or cut off from Redis, then discarded
+    # real executions that began after their cancelled run ended, on a message queued before the
+    # cancel and taken while fresh: it runs on the fields it carries (docs/controls.md, Cancellation)
+    carried_starts: list[dict[str, Any]] = field(default_factory=list)
     abandoned: int = 0  # runs failed with PhaseAbandoned after 5 lost executions of a hit phase
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -213,8 +217,11 @@ def _check_run(client: TaskLoop, run: Run, real: list[dict[str, Any]], hit: bool
     if end is None:
         verdict.add("after-end", f"{rid}: terminal without finished_at")
         return events
+    cancels = [e.at for e in events if e.type == "run.cancel"]
     for entry in real:
-        if entry["at"] > end:
+        if entry["at"] > end and cancels and entry["at"] <= cancels[0] + CARRY_FRESH_S + CARRIED_PREP_S:
+            verdict.carried_starts.append({**entry, "after_end_s": round(entry["at"] - end, 3)})
+        elif entry["at"] > end:
             verdict.add("after-end", f"{rid}: {entry['key']} {entry['round']}/{entry['phase']} began at "
                         f"{entry['at']:.3f} in pid {entry['pid']}, after the run ended at {end:.3f}")
         elif entry["end"] is not None and entry["end"] > end:
@@ -281,6 +288,10 @@ def recovery(faults: list[Fault], history: dict[str, list[Event]], execs: dict[s
 REFUSALS = ("malformed taskloop.", "Received unregistered task", "Can't decode message body",
             "Received invalid task message")
 
+
+# A carried message (taken less than CARRY_FRESH_S after it was queued, before the cancel) starts
+# its callback after the preparation of its phase: at most this long on a loaded worker.
+CARRIED_PREP_S = 1.0
 
 AOF_WINDOW_S = 2.0  # appendfsync everysec: what a kill -9 of redis-server may lose (up to 2 s, Redis's docs)
 
@@ -372,6 +383,8 @@ def render(verdict: Verdict, faults: list[Fault], runs: list[Run], meta: dict[st
               f"| replays recorded by taskloop (executions after a phase's first) | {verdict.replays} |",
               f"| executions recorded lost (dead worker, expired lease) | {verdict.lost_execs} |",
               f"| real re-executions (callbacks' log, beyond the first per phase) | {verdict.re_executions} |",
+              f"| callbacks started after a cancel ended the run, on a fresh carried message | "
+              f"{len(verdict.carried_starts)} |",
               f"| stale deliveries refused (`stale_deliveries`) | {counters.get('stale_deliveries', 0)} |",
               f"| stale commits refused (`stale_commits`) | {counters.get('stale_commits', 0)} |",
               f"| stale rejections in all | {counters.get('stale_deliveries', 0) + counters.get('stale_commits', 0)} |",

@@ -541,6 +541,9 @@ def soak(faults: int, seed: int, tmp: Path, *, workers: int = 3, live: int = 30,
                 row = dataclasses.asdict(run)
                 row["cancel"] = dataclasses.asdict(run.cancel) if run.cancel else None
                 out.write(json.dumps(row) + "\n")
+        for entry in verdict.carried_starts:
+            driver.note("callback started after its cancelled run ended (a fresh carried message): "
+                        + json.dumps(entry))
         for entry in verdict.late_ends:
             if entry["why"] == "unexplained":
                 driver.note(f"late end, unexplained: {json.dumps(entry)}")

@@ -192,6 +192,12 @@ def paced_check(ctx: tl.LoopContext, candidate: int) -> tl.LoopCheck:
 paced = tl.define_workflow("paced", version="1", tasks=[
     tl.define_loop_task("step", max_rounds=5, attempt=paced_attempt, check=paced_check),
 ])
+# the same loop under another name, for phases that run past MARK_S: a worker process that saw one
+# of them begins every later phase of that name before its callback (executor.slow), and the tests
+# of `paced` look at phases that run on their start note
+paced_long = tl.define_workflow("paced-long", version="1", tasks=[
+    tl.define_loop_task("step", max_rounds=5, attempt=paced_attempt, check=paced_check),
+])
 # the same loop on a queue no test worker consumes: a test moves its messages (tests/integration/test_carried_reads.py)
 PARKED_QUEUE = "parked"
 paced_parked = tl.define_workflow("paced-parked", version="1", tasks=[

@@ -78,7 +78,7 @@ def test_a_step_costs_one_script_call(client: TaskLoop, probe: redis.Redis) -> N
 
 def test_a_phase_that_runs_past_mark_s_is_begun_on_the_way(client: TaskLoop, probe: redis.Redis) -> None:
     # Given a loop whose phases take 2.5 s
-    handle = client.start(flows.paced, input={"hold_s": 2.5, "rounds": 1})
+    handle = client.start(flows.paced_long, input={"hold_s": 2.5, "rounds": 1})
     wait_until(lambda: flows.recorded(probe, handle.run_id, "paced_calls"), timeout=30, what="the attempt starts")
     started = flows.recorded(probe, handle.run_id, "paced_calls")[0]["at"]
     # When it has run for more than MARK_S

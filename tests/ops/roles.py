@@ -41,6 +41,7 @@ import redis
 from taskloop.base.config import Settings
 from taskloop.runtime.celery_app import START_TASK
 from taskloop.runtime.client import RunHandle, TaskLoop
+from taskloop.runtime.fleet import decode_held
 from taskloop.store import keys
 from taskloop.worker.recovery import census
 from tests.ops.stack import REPO, Replica, Stack, http_get, metric_sum
@@ -439,9 +440,8 @@ def worker_scenario(sc: Scenario) -> None:
             start_by_name(admin, "ops-slow", {})
 
         def prefetched() -> list[tuple[str, str, int]]:  # what the worker's heartbeat says it holds, not run yet
-            beats = [json.loads(raw) for raw in probe.hvals("tl:workers")]
-            return [(m["run_id"], m["key"], m["token"]) for b in beats for m in b.get("messages", [])
-                    if m.get("since") is None and m.get("key")]
+            held = [m for raw in probe.hvals(keys.HELD) for m in decode_held(raw)]
+            return [(m.run_id, m.key, m.token) for m in held if m.since is None and m.key and m.token is not None]
 
         within("(setup) messages prefetched", lambda: len(prefetched()) >= 2, alive=alive)
         waiting = set(prefetched())
