@@ -18,8 +18,12 @@ def _finished(event: tl.Event) -> None:
     global _redis
     if event.type == "run.finished":
         if _redis is None:
-            # bench/scaling.py keeps the list off the measured (clustered) store
-            _redis = redis.Redis.from_url(os.environ.get("BENCH_FINISHED_URL") or os.environ["TASKLOOP_REDIS_URL"])
+            # bench/scaling.py keeps the list off the measured (clustered) store; the threads of a
+            # -P threads worker share the client: they wait for a connection (redis-py's default
+            # pool raises "Too many connections" past 100)
+            _redis = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+                os.environ.get("BENCH_FINISHED_URL") or os.environ["TASKLOOP_REDIS_URL"], max_connections=100,
+                timeout=None))
         _redis.rpush("bench:finished", event.run_id or "")
 
 

@@ -3,7 +3,8 @@
     python -m bench.run                       # every section below (about 10 minutes on 2 cores)
     python -m bench.run --quick               # smaller sizes, one repeat (about 4 minutes)
     python -m bench.run --only loops,sizes    # some sections: loops, events, workers, rss, ceiling, scaling,
-                                              # sizes, cancel
+                                              # sizes, cancel, models
+    python -m bench.run --only models --workloads 1000 --systems celery-threads,taskloop-asyncio
     python -m bench.run --json out.json       # also keep the raw figures
 
 The loops are measured against three systems (issue 24), each in the same invocation:
@@ -34,6 +35,11 @@ the same redis-server (started here, AOF everysec). Sections:
   runs; a 1,000-task chain; tasks/s and the time of ``start()``.
 - ``cancel``: a 10,000-task run under full load: how long ``cancel()`` takes to land, and how
   long until the run has ended.
+- ``models``: loops that wait like a model call (bench/models.py): 100, 1,000 and 10,000 phases
+  in flight in one worker process with 0.5, 2 and 20 s phases; taskloop on threads, gevent and
+  asyncio against the hand-rolled Celery loop on threads and gevent at the same concurrency; the
+  fraction of the limit (concurrency / phase time), the ratio, worker CPU per step and peak RSS.
+  About 35 minutes in all (10,000 in flight: 20 s phases).
 
 The script exits non-zero if any run or loop ends in the wrong state, so speed never hides a
 wrong answer.
@@ -51,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import scaling
+from bench import models, scaling
 from bench.systems import (
     REPO,
     Baseline,
@@ -69,7 +75,7 @@ from bench.systems import (
 )
 from taskloop.ops.embedded import RedisServer
 
-SECTIONS = ("loops", "events", "workers", "rss", "ceiling", "scaling", "sizes", "cancel")
+SECTIONS = ("loops", "events", "workers", "rss", "ceiling", "scaling", "sizes", "cancel", "models")
 
 
 class alone:
@@ -365,6 +371,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             elif section == "cancel":
                 baseline.stop_workers()
                 results["cancel"] = section_cancel(tl, args)
+            elif section == "models":  # loops that wait on models: threads, gevent, asyncio (bench/models.py)
+                for system in systems:
+                    system.stop_workers()
+                if args.workloads is None:
+                    args.workloads = [100, 1000] if args.quick else list(models.WORKLOADS)
+                results["models"] = models.section(args, server)
     finally:
         for system in systems:
             system.stop_workers()
@@ -470,6 +482,8 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"| a chain of {chain['tasks']} tasks | {chain['start_s']} | {chain['seconds']} | "
                      f"{chain['tasks_per_s']} |")
         lines += ["", f"largest run / as many one-task runs, tasks/s: {sizes['ratio_wide_to_singles']}", ""]
+    if "models" in results:
+        lines += models.report(results["models"])
     if "cancel" in results:
         lines += ["### Cancel of a 10,000-task run under full load (2 nodes x 2 processes)", "",
                   "| try | cancel() landed, ms | run ended cancelled, s | tasks done before |", "|---|---|---|---|"]
@@ -489,6 +503,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     scaling.add_arguments(parser)
+    models.add_arguments(parser)
     args = parser.parse_args()
     unknown = set(args.only) - set(SECTIONS)
     if unknown:
