@@ -89,10 +89,11 @@ def cmdline(pid: int) -> str:
 
 def worker_tree(root: int, parents: dict[int, int]) -> tuple[list[int], int, list[int]]:
     """The processes of one ``taskloop worker``: (its supervisor if it has one, the Celery worker
-    process, its pool). A supervised worker runs the Celery worker as ``python -m taskloop.worker``
-    in a child process; an unsupervised one is the Celery worker itself."""
+    process, its pool). A supervised worker runs the Celery worker as ``python -P
+    taskloop/worker/boot.py`` (which runs ``taskloop.worker`` in that process) in a child process;
+    an unsupervised one is the Celery worker itself."""
     kids = [pid for pid, parent in parents.items() if parent == root]
-    celery = [pid for pid in kids if "-m taskloop.worker" in cmdline(pid)]
+    celery = [pid for pid in kids if "-m taskloop.worker" in cmdline(pid) or "taskloop/worker/boot.py" in cmdline(pid)]
     if celery:
         main = celery[0]
         return [root], main, [pid for pid, parent in parents.items() if parent == main]
