@@ -14,7 +14,8 @@
 - a SIGKILLed supervisor takes its Celery worker with it.
 
 Each test has a Redis of its module's own, so that only the workers it starts take its messages.
-The 1,000-in-flight versions of the kill test are marked slow (tests/faults/test_pool_kills.py).
+The 1,000-in-flight versions of the kill test (threads, gevent, asyncio) are marked slow:
+`pytest -m slow tests/integration/test_pools.py`.
 """
 
 from __future__ import annotations
@@ -140,17 +141,18 @@ def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, tl:
     assert worker.alive()
 
 
-@pytest.mark.parametrize("pool", ["threads", "gevent", "asyncio"])
-def test_a_cancel_reaches_a_waiting_phase(start, tl: TaskLoop, probe: redis.Redis, pool: str) -> None:
-    start(f"cancel-{pool}", pool, 20)
-    flow = pool_flows.awaiting if pool == "asyncio" else pool_flows.waiting
+@pytest.mark.parametrize("pool, callbacks", [("threads", "sync"), ("gevent", "sync"), ("asyncio", "async"),
+                                             ("threads", "async")])
+def test_a_cancel_reaches_a_waiting_phase(start, tl: TaskLoop, probe: redis.Redis, pool: str, callbacks: str) -> None:
+    start(f"cancel-{pool}-{callbacks}", pool, 20)
+    flow = pool_flows.awaiting if callbacks == "async" else pool_flows.waiting
     handle = tl.start(flow, input={"hold_s": 60.0})
     wait_until(lambda: calls(probe, handle.run_id), timeout=30, what="the attempt runs")
     began = time.monotonic()
     assert tl.cancel(handle.run_id, "test cancel").cancelled
     assert handle.wait(timeout=20).status == "cancelled"
     assert time.monotonic() - began < 10
-    if pool == "asyncio":  # its task was cancelled: the callback saw CancelledError
+    if callbacks == "async":  # its task was cancelled: the callback saw CancelledError
         wait_until(lambda: calls(probe, handle.run_id, "cancelled"), timeout=10, what="CancelledError in the callback")
     assert ledger_problems(tl.events(handle.run_id)) == []
 
@@ -232,23 +234,27 @@ def test_a_warm_shutdown_hands_back_the_phases_in_flight(start, tl: TaskLoop, pr
         assert ledger_problems(tl.events(handle.run_id)) == []
 
 
-@pytest.mark.parametrize("pool", ["threads", "asyncio"])
+@pytest.mark.parametrize("pool, in_flight", [
+    ("threads", 200), ("asyncio", 200),
+    pytest.param("threads", 1000, marks=pytest.mark.slow), pytest.param("gevent", 1000, marks=pytest.mark.slow),
+    pytest.param("asyncio", 1000, marks=pytest.mark.slow)])
 def test_a_killed_worker_with_phases_in_flight_loses_no_run(start, tl: TaskLoop, probe: redis.Redis,
-                                                            pool: str) -> None:
-    doomed = start(f"doomed-{pool}", pool, 200)
+                                                            pool: str, in_flight: int) -> None:
+    doomed = start(f"doomed-{pool}", pool, in_flight)
     flow = pool_flows.awaiting if pool == "asyncio" else pool_flows.waiting
-    handles = [tl.start(flow, input={"hold_s": 5.0, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(200)]
-    wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == 200, timeout=30,
+    hold = 5.0 if in_flight <= 200 else 20.0
+    handles = [tl.start(flow, input={"hold_s": hold, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(in_flight)]
+    wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == in_flight, timeout=60,
                what="every attempt runs")
-    start(f"survivor-{pool}", pool, 200)
+    start(f"survivor-{pool}", pool, in_flight)
     celery_pid = doomed.celery_pid()
     assert celery_pid is not None
     killed_at = time.time()
     os.kill(celery_pid, signal.SIGKILL)
     for handle in handles:
-        assert handle.wait(timeout=120).status == "done"
+        assert handle.wait(timeout=180).status == "done"
     ended = max(tl.inspect(h.run_id).finished_at or 0.0 for h in handles)
-    print(f"{pool}: 200 in flight, Celery worker SIGKILLed; every run done {ended - killed_at:.1f} s later")
+    print(f"{pool}: {in_flight} in flight, Celery worker SIGKILLed; every run done {ended - killed_at:.1f} s later")
     for handle in handles:
         assert ledger_problems(tl.events(handle.run_id)) == [], handle.run_id
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import os
@@ -52,7 +53,18 @@ def invoke(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         async def wait() -> Any:
             return await result
-        result = asyncio.run_coroutine_threadsafe(wait(), event_loop()).result()
+        future = asyncio.run_coroutine_threadsafe(wait(), event_loop())
+        signal = getattr(args[0], "signal", None) if args else None
+        if isinstance(signal, Signal):  # a timeout or a cancel cancels its task, as on the asyncio pool
+            def cancel(reason: str) -> None:
+                future.cancel()
+            signal.on_set(cancel)
+        try:
+            result = future.result()
+        except concurrent.futures.CancelledError:
+            if isinstance(signal, Signal):
+                signal.raise_if_cancelled()
+            raise
     return result
 
 
