@@ -56,11 +56,11 @@ def test_compose_services_run_a_workflow_end_to_end(tmp_path: Path) -> None:
         wait_for(lambda: stack.healthcheck("redis"), 20, "the redis health check",
                  dead=lambda: None if redis_replica.alive() else redis_replica.text()[-1500:])
         timings["redis healthy"] = time.monotonic() - began
-        for service in ("worker", "reconciler", "metrics", "ui", "flower", "prometheus"):
+        for service in ("worker", "model-worker", "reconciler", "metrics", "ui", "flower", "prometheus"):
             stack.start(service)
-        for replica in stack.replicas["worker"]:
-            wait_for(lambda r=replica: " ready." in r.text() and stack.healthcheck("worker", r.index), 60,
-                     f"worker replica {replica.index} to be ready and healthy",
+        for replica in [*stack.replicas["worker"], *stack.replicas["model-worker"]]:
+            wait_for(lambda r=replica: " ready." in r.text() and stack.healthcheck(r.service, r.index), 60,
+                     f"{replica.service} replica {replica.index} to be ready and healthy",
                      dead=lambda r=replica: None if r.alive() else r.text()[-2000:])
         timings["workers ready"] = time.monotonic() - began
 
@@ -107,7 +107,7 @@ def test_compose_services_run_a_workflow_end_to_end(tmp_path: Path) -> None:
         denied = admin.execute_command("ACL", "LOG")
         assert not denied, f"Redis refused some role something: {denied}"
         admin.close()
-        for name in ("worker", "reconciler", "metrics", "ui", "flower", "prometheus", "redis"):
+        for name in ("worker", "model-worker", "reconciler", "metrics", "ui", "flower", "prometheus", "redis"):
             for replica in stack.replicas[name]:
                 assert replica.alive(), f"{name} exited: {replica.text()[-1500:]}"
     finally:

@@ -85,3 +85,19 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         pytest.fail(f"an import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_docs_architecture_names_every_module() -> None:
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    named = set()
+    for cell in text.split("`"):
+        if cell.endswith((".py", ".lua")) or cell.endswith("/"):
+            named.add(cell)
+    missing = []
+    for _module, path in modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__init__.py" and path.parent != PACKAGE:
+            continue  # a package is named by its modules (and its folder)
+        if relative not in named and f"taskloop/{relative}" not in named:
+            missing.append(relative)
+    assert missing == [], f"docs/architecture.md does not name {missing}"
