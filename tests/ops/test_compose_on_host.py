@@ -129,8 +129,9 @@ def _check_prometheus(stack: Stack) -> None:
     def all_up() -> bool:
         result = query("up")["data"]["result"]  # type: ignore[index]
         jobs = sorted((r["metric"]["job"], r["value"][1]) for r in result)
-        return jobs == [("taskloop-fleet", "1"), ("taskloop-workers", "1"), ("taskloop-workers", "1")]
-    wait_for(all_up, 30, "Prometheus to scrape the fleet exporter and both workers (up == 1)", interval=0.5)
+        return jobs == [("taskloop-fleet", "1"), *[("taskloop-workers", "1")] * 3]
+    wait_for(all_up, 30, "Prometheus to scrape the fleet exporter, both workers and the model worker (up == 1)",
+             interval=0.5)
 
     code, body = http_get(f"{base}/api/v1/rules")
     assert code == 200, body[:300]
@@ -155,9 +156,9 @@ def _check_flower(stack: Stack) -> None:
     def workers() -> set[str] | None:
         code, body = http_get(f"{base}/api/workers?refresh=1", auth, timeout=10)
         return set(json.loads(body)) if code == 200 and body else None
-    nodes = wait_for(lambda: (found := workers()) and len(found) == 2 and found, 30,
-                     "Flower to list both workers", interval=0.5)
-    assert all(node.startswith("worker") for node in nodes), nodes
+    nodes = wait_for(lambda: (found := workers()) and len(found) == 3 and found, 30,
+                     "Flower to list both workers and the model worker", interval=0.5)
+    assert sum(node.startswith("worker") for node in nodes) == 2, nodes  # and the model worker's default name
     assert http_get(f"{base}/api/workers", None)[0] == 401
     assert http_get(f"{base}/api/workers", "ops:wrong-password")[0] == 401
 
