@@ -16,6 +16,7 @@ import redis
 
 from taskloop.base import config
 from taskloop.ops.embedded import RedisServer
+from taskloop.store.redis_store import RedisStore
 from tests.workers import WorkerProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,6 +104,14 @@ def client(redis_server: RedisServer):  # type: ignore[no-untyped-def]
     c = TaskLoop(redis_server.url)
     yield c
     c.close()
+
+
+@pytest.fixture()
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+    """A RedisStore on the test server."""
+    found = RedisStore(redis_server.url)
+    yield found
+    found.close()
 
 
 @pytest.fixture()

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
+from tests.harness import on_terminal
 
 pytestmark = pytest.mark.usefixtures("workers")
 
@@ -226,31 +227,13 @@ def test_start_wait_with_no_worker_says_so_within_5_seconds(tmp_path) -> None:
 
 
 def test_the_live_display_in_a_terminal() -> None:
-    import pty
-
     # Given a real pseudo-terminal
-    command = [sys.executable, "-m", "taskloop", "start", "spread", "--import", "tests.integration.flows",
-               "--input", '{"rounds": 3}', "--wait"]
+    argv = ["start", "spread", "--import", "tests.integration.flows", "--input", '{"rounds": 3}', "--wait"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
-    env.pop("NO_COLOR", None)
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on the terminal
-        os.chdir(REPO)
-        os.execve(sys.executable, command, env)
-    output = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
+    code, output = on_terminal(argv, env)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))
     # Then it drew a live table of the tasks with their round and phase, and the check verdicts
-    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert code == 0, text[-2000:]
     assert "┃ task" in text and "┃ round" in text and "┃ phase" in text and "grind" in text
     assert "rejected: round 1 is not enough" in text and "accepted" in text
     assert "status done" in text

@@ -18,7 +18,7 @@ from taskloop.store.redis_store import RedisStore
 
 
 @pytest.fixture(scope="module")
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
+def store(redis_server: RedisServer) -> Iterator[RedisStore]:  # module-scoped (hypothesis refuses a function scope)
     found = RedisStore(redis_server.url)
     yield found
     found.close()

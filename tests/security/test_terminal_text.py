@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ from taskloop.base.text import terminal_json, visible
 from taskloop.core import fields as fld
 from taskloop.store import keys as k
 from tests.conftest import REPO
+from tests.harness import on_terminal as run_on_terminal
 from tests.security import flows
 from tests.security.conftest import Stack
 
@@ -44,27 +44,9 @@ def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 def on_terminal(stack: Stack, *args: str) -> tuple[int, bytes]:
     """Run the CLI on a real pseudo-terminal (colours on): its exit code and every byte it wrote."""
-    import pty
-
     env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "50",
            "TASKLOOP_REDIS_URL": stack.server.url}
-    env.pop("NO_COLOR", None)
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on the terminal
-        os.chdir(REPO)
-        os.execve(sys.executable, [sys.executable, "-m", "taskloop", *args], env)
-    output = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), output
+    return run_on_terminal(list(args), env)
 
 
 def without_styles(output: bytes) -> bytes:

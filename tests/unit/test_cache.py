@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import taskloop as tl
 from taskloop.define.context import Signal, TaskContext
-from taskloop.ops.embedded import RedisServer
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution import cache as caching
@@ -37,13 +35,6 @@ def _ctx(input: Any, workflow: str) -> TaskContext:
     return TaskContext(run_id="r1", workflow=workflow, key=TASK, load_input=lambda: input, attempt=0,
                        signal=Signal(), idempotency_key="r1:essay", after=(), load_value=lambda key: None,
                        usage=NoUsage())
-
-
-@pytest.fixture()
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    found = RedisStore(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture()

@@ -28,25 +28,9 @@ from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import commit as cm
 from taskloop.store import keys as k
 from taskloop.store.redis_store import Applied, Conflict, RedisStore
+from tests.harness import Sent
 
 WORKER = "node@host/1"
-
-
-class Sent:
-    """A sender that records what each commit dispatched."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, list[tuple[str, str, int, int]]]] = []
-
-    def __call__(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None:
-        self.calls.append((workflow.name, run_id, [(d.key, d.phase.value, d.round, d.token) for d in dispatches]))
-
-
-@pytest.fixture()
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    found = RedisStore(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture()

@@ -16,32 +16,15 @@ from taskloop.base.config import Settings
 from taskloop.base.errors import InvalidInput, RunExists
 from taskloop.base.jsonvalue import canonical
 from taskloop.core import fields as fld
-from taskloop.core.begin import Dispatch
 from taskloop.core.phases import ErrorRecord, RunStatus, State, Termination
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import starting
 from taskloop.store import keys as k
 from taskloop.store.redis_store import RedisStore
+from tests.harness import Sent
 
 INPUT = {"topic": "loops", "tags": ["a", "b"], "depth": 2}
-
-
-class Sent:
-    """A sender that records the dispatches of each call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, list[tuple[str, str, int, int]]]] = []
-
-    def __call__(self, workflow: Workflow, run_id: str, dispatches: list[Dispatch]) -> None:
-        self.calls.append((workflow.name, run_id, [(d.key, d.phase.value, d.round, d.token) for d in dispatches]))
-
-
-@pytest.fixture()
-def store(redis_server: RedisServer) -> Iterator[RedisStore]:
-    found = RedisStore(redis_server.url)
-    yield found
-    found.close()
 
 
 @pytest.fixture()
