@@ -53,7 +53,6 @@ class Call:
     record: TaskRecord  # the running record it runs as (for a deferred phase, the one its outcome begins)
     signal: Signal
     ctx: TaskContext
-    raw: str  # the record as the watcher's renewals guard it (a deferred phase's is the queued one)
     holding: limiter.Holding | None = None
     deferred: Deferred | None = None
     renew: Callable[[float], None] | None = None  # renews its limit slots with its lease
@@ -93,10 +92,8 @@ def make_call(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot,
     held = holding.held if holding is not None else None
     tokens = limiter.token_counter(store, held) if held is not None else None
     ctx = build_context(store, workflow, task, snap, record, signal, phase, caps, tokens)
-    raw = snap.raw_record(task.key)
-    assert raw is not None
     renew = limiter.slot_renewer(store, held) if held is not None else None
-    return Call(workflow, task, snap, record, signal, ctx, raw, holding, deferred, renew)
+    return Call(workflow, task, snap, record, signal, ctx, holding, deferred, renew)
 
 
 def overrun(call: Call, recorder: Recorder, reason: str) -> Handled:
