@@ -45,33 +45,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """This module's own Redis (conftest's ``client`` and ``probe`` then use it)."""
     server = RedisServer(tmp_path_factory.mktemp("pools-redis")).start()
     yield server
     server.stop()
 
 
 @pytest.fixture()
-def tl(own_redis: RedisServer) -> Iterator[TaskLoop]:
-    client = TaskLoop(own_redis.url)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
-def probe(own_redis: RedisServer) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(own_redis.url, decode_responses=True)
-    yield r
-    r.close()
-
-
-@pytest.fixture()
-def start(own_redis: RedisServer, tmp_path: Path) -> Iterator[object]:
+def start(redis_server: RedisServer, tmp_path: Path) -> Iterator[object]:
     """Start `taskloop worker` processes on this module's Redis; stopped at the end of the test."""
     started: list[WorkerProcess] = []
 
     def start_worker(name: str, pool: str, concurrency: int, env: dict[str, str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(own_redis.url, IMPORTS, tmp_path / f"{name}.log", name=name, pool=pool,
+        worker = WorkerProcess(redis_server.url, IMPORTS, tmp_path / f"{name}.log", name=name, pool=pool,
                                concurrency=concurrency, env=env)
         started.append(worker)
         return worker.ready(60)
@@ -95,9 +82,9 @@ def once_each(probe: redis.Redis, run_ids: list[str]) -> Counter[tuple[str, obje
 
 @pytest.mark.parametrize("pool, why", [("eventlet", "Celery deprecated eventlet"),
                                         ("processes2", "cannot tell whether it runs phases correctly")])
-def test_a_pool_taskloop_cannot_run_on_is_refused_by_taskloop_worker(own_redis: RedisServer, pool: str,
+def test_a_pool_taskloop_cannot_run_on_is_refused_by_taskloop_worker(redis_server: RedisServer, pool: str,
                                                                       why: str) -> None:
-    env = {**os.environ, "TASKLOOP_REDIS_URL": own_redis.url, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TASKLOOP_REDIS_URL": redis_server.url, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "taskloop", "worker", "-P", pool, "--import", IMPORTS[0]],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
@@ -105,9 +92,9 @@ def test_a_pool_taskloop_cannot_run_on_is_refused_by_taskloop_worker(own_redis: 
     assert "prefork, threads, gevent, asyncio, solo" in done.stderr
 
 
-def test_a_pool_class_taskloop_cannot_run_on_is_refused_by_celery_worker(own_redis: RedisServer,
+def test_a_pool_class_taskloop_cannot_run_on_is_refused_by_celery_worker(redis_server: RedisServer,
                                                                          tmp_path: Path) -> None:
-    env = {**os.environ, "TASKLOOP_REDIS_URL": own_redis.url, "PYTHONPATH": str(REPO),
+    env = {**os.environ, "TASKLOOP_REDIS_URL": redis_server.url, "PYTHONPATH": str(REPO),
            "TASKLOOP_IMPORTS": IMPORTS[0], "CELERY_CUSTOM_WORKER_POOL": "tests.integration.pool_flows:OddPool"}
     log = tmp_path / "celery.log"
     done = subprocess.run([sys.executable, "-m", "celery", "-A", "taskloop", "worker", "--pool", "custom",
@@ -122,11 +109,11 @@ def test_a_pool_class_taskloop_cannot_run_on_is_refused_by_celery_worker(own_red
 
 
 @pytest.mark.parametrize("pool", ["threads", "gevent", "asyncio"])
-def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, tl: TaskLoop, probe: redis.Redis,
+def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, client: TaskLoop, probe: redis.Redis,
                                                                        pool: str) -> None:
     worker = start(f"many-{pool}", pool, 200)
     flow = pool_flows.awaiting if pool == "asyncio" else pool_flows.waiting
-    handles = [tl.start(flow, input={"hold_s": 1.0, "rounds": 2}) for _ in range(200)]
+    handles = [client.start(flow, input={"hold_s": 1.0, "rounds": 2}) for _ in range(200)]
     # all 200 first attempts are in flight in the one process at once
     wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == 200, timeout=30,
                what="every run's first attempt runs")
@@ -137,45 +124,46 @@ def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, tl:
     pids = {c["pid"] for h in handles for c in calls(probe, h.run_id) if c["phase"] == "attempt"}
     assert len(pids) == 1, pids  # one process ran them all
     for handle in handles[:20]:
-        assert ledger_problems(tl.events(handle.run_id)) == []
+        assert ledger_problems(client.events(handle.run_id)) == []
     assert worker.alive()
 
 
 @pytest.mark.parametrize("pool, callbacks", [("threads", "sync"), ("gevent", "sync"), ("asyncio", "async"),
                                              ("threads", "async")])
-def test_a_cancel_reaches_a_waiting_phase(start, tl: TaskLoop, probe: redis.Redis, pool: str, callbacks: str) -> None:
+def test_a_cancel_reaches_a_waiting_phase(start, client: TaskLoop, probe: redis.Redis, pool: str,
+                                          callbacks: str) -> None:
     start(f"cancel-{pool}-{callbacks}", pool, 20)
     flow = pool_flows.awaiting if callbacks == "async" else pool_flows.waiting
-    handle = tl.start(flow, input={"hold_s": 60.0})
+    handle = client.start(flow, input={"hold_s": 60.0})
     wait_until(lambda: calls(probe, handle.run_id), timeout=30, what="the attempt runs")
     began = time.monotonic()
-    assert tl.cancel(handle.run_id, "test cancel").cancelled
+    assert client.cancel(handle.run_id, "test cancel").cancelled
     assert handle.wait(timeout=20).status == "cancelled"
     assert time.monotonic() - began < 10
     if callbacks == "async":  # its task was cancelled: the callback saw CancelledError
         wait_until(lambda: calls(probe, handle.run_id, "cancelled"), timeout=10, what="CancelledError in the callback")
-    assert ledger_problems(tl.events(handle.run_id)) == []
+    assert ledger_problems(client.events(handle.run_id)) == []
 
 
-def test_a_timeout_ends_a_sync_callback_that_ignores_its_signal_on_threads(start, tl: TaskLoop,
+def test_a_timeout_ends_a_sync_callback_that_ignores_its_signal_on_threads(start, client: TaskLoop,
                                                                            probe: redis.Redis) -> None:
     start("timeout-threads", "threads", 10)
-    handle = tl.start(pool_flows.sleeper, input={"sleep_s": 8.0})
+    handle = client.start(pool_flows.sleeper, input={"sleep_s": 8.0})
     result = handle.wait(timeout=60)
     # the round's 1 s timeout, then TASKLOOP_TIMEOUT_GRACE_S: the task fails while its thread sleeps on
     assert result.status == "failed", result
-    view = tl.inspect(handle.run_id)
+    view = client.inspect(handle.run_id)
     assert view.tasks["sleep"].error is not None and "Timeout" in view.tasks["sleep"].error.type
     assert not calls(probe, handle.run_id, "returned")  # recorded before the callback returned
-    assert ledger_problems(tl.events(handle.run_id)) == []
+    assert ledger_problems(client.events(handle.run_id)) == []
 
 
-def test_a_timeout_cancels_an_async_callbacks_task(start, tl: TaskLoop, probe: redis.Redis) -> None:
+def test_a_timeout_cancels_an_async_callbacks_task(start, client: TaskLoop, probe: redis.Redis) -> None:
     start("timeout-asyncio", "asyncio", 10)
-    handle = tl.start(pool_flows.timed_await, input={"sleep_s": 30.0})
+    handle = client.start(pool_flows.timed_await, input={"sleep_s": 30.0})
     result = handle.wait(timeout=30)
     assert result.status == "failed", result
-    view = tl.inspect(handle.run_id)
+    view = client.inspect(handle.run_id)
     assert view.tasks["wait"].error is not None and "Timeout" in view.tasks["wait"].error.type
     wait_until(lambda: calls(probe, handle.run_id, "cancelled"), timeout=10, what="CancelledError in the callback")
 
@@ -184,7 +172,7 @@ def test_a_timeout_cancels_an_async_callbacks_task(start, tl: TaskLoop, probe: r
 
 
 @pytest.mark.parametrize("pool", ["threads", "asyncio"])
-def test_a_rate_limit_holds_with_a_hundred_phases_in_flight(start, tl: TaskLoop, probe: redis.Redis,
+def test_a_rate_limit_holds_with_a_hundred_phases_in_flight(start, client: TaskLoop, probe: redis.Redis,
                                                             pool: str) -> None:
     from taskloop.store.keys import LimitKeys
 
@@ -192,7 +180,7 @@ def test_a_rate_limit_holds_with_a_hundred_phases_in_flight(start, tl: TaskLoop,
     window = LimitKeys.of(pool_flows.per_second.name).use
     probe.delete(window)
     flow = pool_flows.rated_async if pool == "asyncio" else pool_flows.rated_sync
-    handles = [tl.start(flow) for _ in range(100)]
+    handles = [client.start(flow) for _ in range(100)]
     admitted: dict[str, float] = {}  # the limit's own log of admissions, sampled while it lasts (1 s)
     deadline = time.monotonic() + 60
     while len(admitted) < 100 and time.monotonic() < deadline:
@@ -214,11 +202,11 @@ def test_a_rate_limit_holds_with_a_hundred_phases_in_flight(start, tl: TaskLoop,
 
 
 @pytest.mark.parametrize("pool", ["threads", "asyncio"])
-def test_a_warm_shutdown_hands_back_the_phases_in_flight(start, tl: TaskLoop, probe: redis.Redis,
+def test_a_warm_shutdown_hands_back_the_phases_in_flight(start, client: TaskLoop, probe: redis.Redis,
                                                          pool: str) -> None:
     first = start(f"leaving-{pool}", pool, 100)
     flow = pool_flows.awaiting if pool == "asyncio" else pool_flows.waiting
-    handles = [tl.start(flow, input={"hold_s": 40.0, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(100)]
+    handles = [client.start(flow, input={"hold_s": 40.0, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(100)]
     wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == 100, timeout=30,
                what="every attempt runs")
     start(f"staying-{pool}", pool, 100, env={})
@@ -231,19 +219,19 @@ def test_a_warm_shutdown_hands_back_the_phases_in_flight(start, tl: TaskLoop, pr
         assert handle.wait(timeout=120).status == "done"
     assert took < 60, took
     for handle in handles[:20]:
-        assert ledger_problems(tl.events(handle.run_id)) == []
+        assert ledger_problems(client.events(handle.run_id)) == []
 
 
 @pytest.mark.parametrize("pool, in_flight", [
     ("threads", 200), ("asyncio", 200),
     pytest.param("threads", 1000, marks=pytest.mark.slow), pytest.param("gevent", 1000, marks=pytest.mark.slow),
     pytest.param("asyncio", 1000, marks=pytest.mark.slow)])
-def test_a_killed_worker_with_phases_in_flight_loses_no_run(start, tl: TaskLoop, probe: redis.Redis,
+def test_a_killed_worker_with_phases_in_flight_loses_no_run(start, client: TaskLoop, probe: redis.Redis,
                                                             pool: str, in_flight: int) -> None:
     doomed = start(f"doomed-{pool}", pool, in_flight)
     flow = pool_flows.awaiting if pool == "asyncio" else pool_flows.waiting
     hold = 5.0 if in_flight <= 200 else 20.0
-    handles = [tl.start(flow, input={"hold_s": hold, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(in_flight)]
+    handles = [client.start(flow, input={"hold_s": hold, "replay_hold_s": 0.5, "rounds": 1}) for _ in range(in_flight)]
     wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == in_flight, timeout=60,
                what="every attempt runs")
     start(f"survivor-{pool}", pool, in_flight)
@@ -253,10 +241,10 @@ def test_a_killed_worker_with_phases_in_flight_loses_no_run(start, tl: TaskLoop,
     os.kill(celery_pid, signal.SIGKILL)
     for handle in handles:
         assert handle.wait(timeout=180).status == "done"
-    ended = max(tl.inspect(h.run_id).finished_at or 0.0 for h in handles)
+    ended = max(client.inspect(h.run_id).finished_at or 0.0 for h in handles)
     print(f"{pool}: {in_flight} in flight, Celery worker SIGKILLed; every run done {ended - killed_at:.1f} s later")
     for handle in handles:
-        assert ledger_problems(tl.events(handle.run_id)) == [], handle.run_id
+        assert ledger_problems(client.events(handle.run_id)) == [], handle.run_id
 
 
 def test_a_killed_supervisor_takes_its_celery_worker_with_it(start) -> None:
