@@ -57,7 +57,6 @@ class _Watch:
     signal: Signal
     deadline: float | None
     overrun: Callable[[str], object]
-    renewed_at: float
     overran: bool = False
     renew: Callable[[float], None] | None = None  # renews what else the phase holds until then (limit slots)
     deferred: Deferred | None = None  # its begin is not written yet: written after MARK_S (deferred.py)
@@ -108,9 +107,8 @@ class Watcher:
         run_id = call.snap.run_id
         with self._lock:
             now = clock.now()
-            watch = _Watch(run_id, call.task.key, call.record.token, call.signal, deadline, overrun, now,
-                           renew=call.renew,
-                           deferred=call.deferred, id=watch_id)
+            watch = _Watch(run_id, call.task.key, call.record.token, call.signal, deadline, overrun,
+                           renew=call.renew, deferred=call.deferred, id=watch_id)
             self._watches[watch_id] = watch
             if run_id in self._recent:
                 self._check.add(watch_id)
@@ -287,7 +285,6 @@ class Watcher:
                 assert deferred is not None
                 if deferred.marked is not None:
                     watch.token = deferred.marked.token(watch.key)
-                    watch.renewed_at = now
                     self._again(now + self.settings.running_lease_s / 3, watch, RENEW)
                 elif deferred.refused is not None:
                     watch.signal.set(deferred.refused)
@@ -305,7 +302,6 @@ class Watcher:
                                                                                               strict=True)])
         with self._lock:
             for watch in due:
-                watch.renewed_at = now
                 self._again(now + lease / 3, watch, RENEW)
         for watch, until, renewed in zip(due, untils, found, strict=True):
             if not renewed.renewed:
