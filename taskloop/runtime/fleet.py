@@ -81,8 +81,8 @@ class WorkerInfo(BaseModel):
     queues: list[str] = Field(default_factory=list)
     active: int = 0  # tasks running on it at its last heartbeat
     at: float | None = None  # when it wrote that heartbeat
-    holding: int = 0  # taskloop messages it held then (prefetched, waiting for a countdown or running)
-    # ... and what they name: what the reconciler sends again when it falls silent
+    # the taskloop messages it held then (prefetched, waiting for a countdown or running), and what
+    # they name: what the reconciler sends again when it falls silent
     # (taskloop/worker/recovery/orphans.py), what a census must not take for lost
     # (taskloop/worker/recovery/census.py), and which phases it has run how long
     # (taskloop/worker/recovery/unbegun.py). Kept apart from the heartbeat (``encode_held``):

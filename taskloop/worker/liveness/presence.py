@@ -84,7 +84,7 @@ def describe(consumer: Any, node: str, seen: Seen | None = None) -> WorkerInfo:
     queues = sorted({queue.name for queue in getattr(task_consumer, "queues", None) or []})
     messages = (seen or Seen()).messages(at)
     return WorkerInfo(node=node, processes=int(processes), pid=os.getpid(), queues=queues,
-                      active=len(worker_state.active_requests), at=at, holding=len(messages), messages=messages)
+                      active=len(worker_state.active_requests), at=at, messages=messages)
 
 
 class Presence:
