@@ -9,6 +9,7 @@ import os
 import redis
 
 import taskloop as tl
+from bench import shared_client
 
 _redis: redis.Redis | None = None
 
@@ -17,13 +18,8 @@ def _finished(event: tl.Event) -> None:
     """Observer: push each finished run id, as the baseline pushes each finished loop."""
     global _redis
     if event.type == "run.finished":
-        if _redis is None:
-            # bench/scaling.py keeps the list off the measured (clustered) store; the threads of a
-            # -P threads worker share the client: they wait for a connection (redis-py's default
-            # pool raises "Too many connections" past 100)
-            _redis = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-                os.environ.get("BENCH_FINISHED_URL") or os.environ["TASKLOOP_REDIS_URL"], max_connections=100,
-                timeout=None))
+        if _redis is None:  # bench/scaling.py keeps the list off the measured (clustered) store
+            _redis = shared_client(os.environ.get("BENCH_FINISHED_URL") or os.environ["TASKLOOP_REDIS_URL"])
         _redis.rpush("bench:finished", event.run_id or "")
 
 

@@ -11,7 +11,7 @@ import time
 import redis
 from celery import Celery
 
-from bench import ACCEPT_ROUND, LOOP_CELERY_SETTINGS, MAX_ROUNDS
+from bench import ACCEPT_ROUND, LOOP_CELERY_SETTINGS, MAX_ROUNDS, shared_client
 
 QUEUE = "bench-model"
 
@@ -23,10 +23,8 @@ _redis: redis.Redis | None = None
 
 def store() -> redis.Redis:
     global _redis
-    if _redis is None:  # hundreds of threads share it: they wait for one of its connections (redis-py's
-        # default pool raises "Too many connections" past 100)
-        _redis = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-            app.conf.broker_url, max_connections=100, timeout=None))
+    if _redis is None:
+        _redis = shared_client(app.conf.broker_url)
     return _redis
 
 
