@@ -279,6 +279,7 @@ class Watcher:
         if not due:
             return
         mark_all(self.store, [watch.deferred for watch in due if watch.deferred is not None])
+        refused: list[tuple[_Watch, str]] = []
         with self._lock:
             for watch in due:
                 deferred = watch.deferred
@@ -287,9 +288,13 @@ class Watcher:
                     watch.token = deferred.marked.token(watch.key)
                     self._again(now + self.settings.running_lease_s / 3, watch, RENEW)
                 elif deferred.refused is not None:
-                    watch.signal.set(deferred.refused)
+                    refused.append((watch, deferred.refused))
                 elif not deferred.settled:
                     self._again(now + self.settings.watch_interval_s, watch, MARK)
+        # Signals are set outside the lock: setting one calls its listeners, and the watcher's own
+        # (_signalled, which schedules the overrun) takes the lock.
+        for watch, reason in refused:
+            watch.signal.set(reason)
 
     def _renewals(self, due: list[_Watch], now: float) -> None:
         """The leases a third of a lease old, renewed in one call."""
