@@ -40,6 +40,12 @@ class Pool:
     def shared(self) -> bool:
         return self.kind in ("threads", "gevent", "asyncio")
 
+    @property
+    def in_worker(self) -> bool:
+        """Whether phases run in the worker's main process (threads, greenlets, or solo's one call),
+        where no pool process can be stopped on its own: a phase handed back is signalled instead."""
+        return self.kind in ("threads", "gevent", "solo")
+
 
 POOL = Pool()
 

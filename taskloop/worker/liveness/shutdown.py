@@ -103,9 +103,9 @@ class GracefulShutdown:
     STUCK_S = 10.0  # after the grace period and the hand-backs
 
     def stop_stuck_pool(self) -> None:
-        if process.POOL.kind in ("threads", "gevent"):
-            # a callback that ignores its signal holds Celery's join of the pool's threads; every
-            # phase of this process was handed back (or ended), so the process ends here
+        if process.POOL.in_worker:
+            # a callback that ignores its signal holds Celery's join of the pool's threads (solo: its
+            # main thread); every phase of this process was handed back (or ended), so it ends here
             log.warning("warm shutdown: %d phase(s) still running %.0f s after the grace period ignore their "
                         "signal; they were handed back; exiting", len(running_phases()), self.STUCK_S)
             logging.shutdown()
@@ -133,9 +133,10 @@ class GracefulShutdown:
             return False  # it finished (or was taken over) meanwhile: Celery waits for its process
         self.handed_back += 1
         request.acknowledge()
-        if process.POOL.kind in ("threads", "gevent"):
-            # the phase's thread or greenlet runs in this process, with all the others: its signal
-            # says it was superseded (its late outcome is refused: its token is no longer the record's)
+        if process.POOL.in_worker:
+            # the phase's thread or greenlet (solo: the main thread) runs in this process: its signal
+            # says it was superseded (its late outcome is refused: its token is no longer the record's;
+            # Celery's solo pool cannot terminate a task, its other pools here would stop them all)
             self.executor().watcher.supersede(run_id, key)
         elif self.pool is not None and process.POOL.kind != "asyncio":
             request.terminate(self.pool, signal="SIGTERM")
