@@ -129,7 +129,7 @@ def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, cli
 
 
 @pytest.mark.parametrize("pool, callbacks", [("threads", "sync"), ("gevent", "sync"), ("asyncio", "async"),
-                                             ("threads", "async")])
+                                             ("threads", "async"), ("asyncio", "sync")])
 def test_a_cancel_reaches_a_waiting_phase(start, client: TaskLoop, probe: redis.Redis, pool: str,
                                           callbacks: str) -> None:
     start(f"cancel-{pool}-{callbacks}", pool, 20)
@@ -145,9 +145,10 @@ def test_a_cancel_reaches_a_waiting_phase(start, client: TaskLoop, probe: redis.
     assert ledger_problems(client.events(handle.run_id)) == []
 
 
-def test_a_timeout_ends_a_sync_callback_that_ignores_its_signal_on_threads(start, client: TaskLoop,
-                                                                           probe: redis.Redis) -> None:
-    start("timeout-threads", "threads", 10)
+@pytest.mark.parametrize("pool", ["threads", "asyncio"])
+def test_a_timeout_ends_a_sync_callback_that_ignores_its_signal(start, client: TaskLoop, probe: redis.Redis,
+                                                                pool: str) -> None:
+    start(f"timeout-sync-{pool}", pool, 10)
     handle = client.start(pool_flows.sleeper, input={"sleep_s": 8.0})
     result = handle.wait(timeout=60)
     # the round's 1 s timeout, then TASKLOOP_TIMEOUT_GRACE_S: the task fails while its thread sleeps on

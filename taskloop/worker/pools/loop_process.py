@@ -181,10 +181,7 @@ class LoopProcess:
         if isinstance(prepared, str):
             return {"reply": prepared}
         worker, call = prepared
-        if not call.is_async:  # a sync callback: on a thread, as -P threads runs it
-            handled = await self.loop.run_in_executor(self.sync, worker.run, call)
-            return {"reply": process.reply_of(handled)}
-        return {"reply": process.reply_of(await self._async_phase(worker, call))}
+        return {"reply": process.reply_of(await self._call_phase(worker, call))}
 
     def _scripts(self, worker: Any) -> Any:
         """This loop's Redis connection for the process's store (None: a Sentinel or a Cluster)."""
@@ -229,24 +226,31 @@ class LoopProcess:
         step = worker.settle(taken, frame.name, lambda: worker.after_begin(begin, reply, frame.name))
         return process.reply_of(step) if isinstance(step, Handled) else (worker, step)
 
-    async def _async_phase(self, worker: Any, call: Any) -> Any:
-        """Await the callback as a task of its own, watched (the watcher's signal cancels it), then
-        record its outcome: its write awaited on this loop when it is one script call."""
+    async def _call_phase(self, worker: Any, call: Any) -> Any:
+        """Run the callback, watched, then record its outcome, its write awaited on this loop when it
+        is one script call. An ``async def`` callback is a task of its own on this loop (the
+        watcher's signal cancels it); a sync one runs on the thread pool (the signal is its
+        ``ctx.signal``), and only it: its step's round trips are this loop's, as an async one's."""
         from taskloop.core.outcomes import Outcome
         from taskloop.core.phases import EventKind
         from taskloop.worker.execution import callbacks, running
 
         try:
-            missing = [name for name in _context_fields(call) if name not in call.snap.fields]
-            if missing:  # read now, not lazily inside the callback, where it would hold up the loop
-                call.snap.ensure(missing)
-            inner = self.loop.create_task(callbacks.acall_phase(call.task, call.phase, call.ctx, call.snap,
-                                                                worker.caps))
+            inner: asyncio.Future[Any]
+            if call.is_async:
+                missing = [name for name in _context_fields(call) if name not in call.snap.fields]
+                if missing:  # read now, not lazily inside the callback, where it would hold up the loop
+                    call.snap.ensure(missing)
+                task = self.loop.create_task(callbacks.acall_phase(call.task, call.phase, call.ctx, call.snap,
+                                                                   worker.caps))
 
-            def cancel(reason: str) -> None:
-                self.loop.call_soon_threadsafe(inner.cancel)
+                def cancel(reason: str) -> None:
+                    self.loop.call_soon_threadsafe(task.cancel)
 
-            call.signal.on_set(cancel)
+                call.signal.on_set(cancel)
+                inner = task
+            else:
+                inner = self.loop.run_in_executor(self.sync, running.call_sync, call, worker.caps)
             with worker.watcher.watch(call, lambda reason: running.overrun(call, worker.recorder, reason)):
                 await asyncio.wait([inner])
             outcome = Outcome(EventKind.CANCEL, cancelled=True, reason=call.signal.reason) if inner.cancelled() \
