@@ -218,7 +218,8 @@ class LoopCheck(BaseModel):
         raise InvalidCheckResult(CHECK_RESULT_MESSAGE + f", got {shown(value)}")
 
     def stored(self) -> dict[str, Any]:
-        """What is recorded of it (``c:<key>:<round>``): the score only when there is one."""
+        """What is recorded of it (``c:<key>:<round>``): the score only when there is one (the
+        form ``core/checks.py`` encodes and decodes; tests/unit/test_checks.py holds them together)."""
         found: dict[str, Any] = {"done": self.done, "feedback": self.feedback}
         if self.score is not None:
             found["score"] = self.score
