@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from taskloop.core import checks
 from taskloop.core import fields as fld
 from taskloop.core.begin import outcome_fields
 from taskloop.core.phases import Phase
@@ -42,8 +43,8 @@ def phase_fields(phase: Phase, key: str, round: int) -> list[str]:
     """The data a phase's callback takes as an argument (read together with its record)."""
     if phase is Phase.CHECK:
         return [fld.candidate_field(key, round)]
-    if phase is Phase.ATTEMPT:  # the feedback: a fork's for this round, else the last check's
-        return [fld.feedback_field(key, round), *([fld.check_field(key, round - 1)] if round > 1 else [])]
+    if phase is Phase.ATTEMPT:  # what its feedback is taken from (checks.attempt_feedback)
+        return checks.feedback_fields(key, round)
     return []
 
 

@@ -4,7 +4,6 @@ only read."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from taskloop.base import clock, limits, names
@@ -21,6 +20,7 @@ from taskloop.base.jsonvalue import text_problem
 from taskloop.base.text import shown
 from taskloop.core import fields as fld
 from taskloop.core import fork as forks
+from taskloop.core.checks import encode_given
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
@@ -101,7 +101,7 @@ def _feedback(feedback: Any, settings: Settings) -> str | None:
     problem = text_problem(feedback)
     if problem is not None:
         raise InvalidInput(f"fork: the feedback {problem}; give UTF-8 text")
-    raw = json.dumps(feedback, ensure_ascii=False)
+    raw = encode_given(feedback)
     size = limits.oversize(raw, settings.max_feedback_bytes)
     if size is not None:
         raise InvalidInput(limits.too_large("the fork's feedback", size, settings.max_feedback_bytes,

@@ -13,6 +13,7 @@ from taskloop.base.names import step_of
 from taskloop.base.text import shown
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
+from taskloop.core.checks import StoredCheck, decode_given
 from taskloop.core.events import Event
 from taskloop.core.phases import ErrorRecord, RunStatus, Slot, TaskRecord, TaskStatus
 from taskloop.core.snapshot import RunMeta, Snapshot, decode_usage
@@ -266,9 +267,9 @@ def _task_view(record: TaskRecord, data: dict[str, str | None], execs: list[Exec
             rounds.append(RoundView(
                 round=n, phase=phase,
                 output=json.loads(output_raw) if output_raw is not None else None,
-                check=json.loads(check_raw) if check_raw is not None else None,
+                check=StoredCheck.decode(check_raw).form() if check_raw is not None else None,
                 execs=[e for e in execs if e.round == n], notes=notes,
-                copied=n <= copied_rounds, feedback_given=json.loads(given) if given is not None else None,
+                copied=n <= copied_rounds, feedback_given=decode_given(given) if given is not None else None,
             ))
     value_raw = data.get(fld.value_field(record.key))
     error = None

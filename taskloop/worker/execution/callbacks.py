@@ -17,9 +17,10 @@ from taskloop.base import limits, text
 from taskloop.base.errors import Cancelled, InvalidCheckResult, InvalidOutput, OutputTooLarge
 from taskloop.base.jsonvalue import dumps
 from taskloop.base.limits import DEFAULT_CAPS, Caps
+from taskloop.core import checks, scores
 from taskloop.core import fields as fld
-from taskloop.core import scores
 from taskloop.core.batch import Batch
+from taskloop.core.checks import StoredCheck
 from taskloop.core.outcomes import Outcome
 from taskloop.core.phases import ErrorRecord, EventKind, Phase, TaskRecord
 from taskloop.core.snapshot import Snapshot
@@ -215,13 +216,7 @@ def phase_arguments(task: Task, phase: Phase, ctx: TaskContext,
         return task.check, (ctx, json.loads(raw) if raw else None)
     if phase is Phase.ATTEMPT:
         assert task.attempt is not None
-        given = snap.get(fld.feedback_field(key, round))  # a fork gave this round its feedback
-        previous = snap.get(fld.check_field(key, round - 1)) if round > 1 and given is None else None
-        if given is not None:
-            feedback = json.loads(given)
-        else:
-            feedback = json.loads(previous)["feedback"] if previous else None
-        return task.attempt, (ctx, feedback)
+        return task.attempt, (ctx, checks.attempt_feedback(key, round, snap.get))
     assert task.run is not None
     return task.run, (ctx,)
 
@@ -256,7 +251,7 @@ def produced(result: Any, task: Task, phase: Phase, ctx: TaskContext, snap: Snap
             check = LoopCheck.coerce(result)
         except InvalidCheckResult as exc:
             return _invalid_check(exc, task, round)
-        stored = limits.store_form(check.stored(), caps.feedback)  # a LoopCheck is lossless JSON
+        stored = StoredCheck.of(check).encode(caps.feedback)  # a LoopCheck is lossless JSON
         if stored.raw is None:
             return too_large(task, round, "check result (its feedback)", stored.size or 0, caps.feedback,
                              limits.FEEDBACK_ENV)

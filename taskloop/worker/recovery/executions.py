@@ -28,6 +28,7 @@ from taskloop.base.errors import (
     WorkflowNotRegistered,
 )
 from taskloop.core import fields as fld
+from taskloop.core.checks import StoredCheck
 from taskloop.core.phases import (
     ErrorRecord,
     EventKind,
@@ -220,12 +221,8 @@ def inconsistency(task: Task, record: TaskRecord, snap: Snapshot) -> str | None:
         except ValueError:
             return f"the candidate of round {record.round} is not JSON"
     if record.phase is Phase.ATTEMPT and record.round > 1:
-        raw = snap.get(fld.check_field(task.key, record.round - 1))
-        try:
-            check = json.loads(raw) if raw is not None else None
-        except ValueError:
-            check = None
-        if not (isinstance(check, dict) and check.get("done") is False and isinstance(check.get("feedback"), str)):
+        check = StoredCheck.read(snap.get(fld.check_field(task.key, record.round - 1)))
+        if check is None or not check.rejected:
             return f"round {record.round} started but round {record.round - 1} has no recorded rejection"
     return None
 
