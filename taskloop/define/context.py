@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from taskloop.base import clock
-from taskloop.base.errors import Cancelled, DefinitionError
+from taskloop.base.errors import Cancelled, DefinitionError, LLMNotConfigured
 from taskloop.define.tasks import Task, task_key
 
 
@@ -76,6 +77,26 @@ class UsageSink(Protocol):
     def report_once(self, receipt: str, counts: dict[str, int]) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """A model's answer to a question about a state: what ``until_llm``, ``tl.llm_check`` and
+    ``tl.llm_score`` decide on (define/flow.py)."""
+
+    reply: str
+    affirmative: bool  # the reply says yes (connections/llm.py's is_affirmative)
+    score: float | None  # asked for a score: the one the reply gives (None when it gives none)
+    usage: dict[str, int]  # the tokens it took: input, cached, output (ctx.report_usage's names)
+    record: dict[str, Any]  # what is recorded with the phase (JSON): the prompt, the reply, the usage
+
+
+class Judge(Protocol):
+    """The model a context asks. The runtime supplies it (runtime/judge.py, over the chat-completions
+    client of connections/llm.py), so that declarations do no I/O."""
+
+    def __call__(self, question: str, state: Any, *, deadline: float | None,
+                 scale: float | None = None) -> Judgement: ...
+
+
 MAX_TOKENS = 2**53 - 1  # per report: a safe integer (Redis counters stop at 2**63 - 1)
 
 
@@ -109,6 +130,7 @@ class TaskContext:
         usage: UsageSink,
         load_activation: Callable[[], Any] | None = None,
         deadline: float | None = None,
+        judge: Judge | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -124,6 +146,7 @@ class TaskContext:
         self._load_activation = load_activation
         self.deadline = deadline  # epoch seconds by which this round (or try) must end, or None
         self.notes: dict[str, Any] = {}  # recorded with the phase's outcome (e.g. a model's verdict)
+        self._judge = judge
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.workflow}/{self.key} run={self.run_id} attempt={self.attempt}>"
@@ -182,3 +205,16 @@ class LoopContext(TaskContext):
     def __repr__(self) -> str:
         return (f"<LoopContext {self.workflow}/{self.key} run={self.run_id} round={self.round} "
                 f"phase={self.phase}>")
+
+
+def ask_model(ctx: TaskContext, question: str, state: Any, scale: float | None = None) -> Judgement:
+    """Ask the model the runtime gave ``ctx`` about ``state`` (with ``scale``: for a score from 0
+    to ``scale``), bounded by the round's deadline; record its prompt, reply and usage with the
+    phase, and count its tokens."""
+    if ctx._judge is None:
+        raise LLMNotConfigured("until_llm requires a model: this context was built without one "
+                               "(a worker gives the contexts it builds the model of TASKLOOP_LLM_BASE_URL)")
+    judgement = ctx._judge(question, state, deadline=ctx.deadline, scale=scale)
+    ctx.notes["llm"] = judgement.record
+    ctx.report_usage(**judgement.usage)
+    return judgement

@@ -15,28 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from taskloop.base import clock
 from taskloop.base.errors import DefinitionError, LLMCallFailed, LoopIterationError, TaskLoopError
-from taskloop.connections import llm
-from taskloop.define.context import LoopContext
+from taskloop.define.context import LoopContext, ask_model
 from taskloop.define.limits import Limit
 from taskloop.define.options import Cache, LoopCheck, Retry
 from taskloop.define.tasks import Task, TaskRef, define_loop_task
 from taskloop.define.validate import check_signature
 
 DEFAULT_MAX_ITERATIONS = 10
-
-
-def _judge(ctx: LoopContext, question: str, state: Any, scale: float | None = None) -> llm.LLMVerdict:
-    """Ask the model; record its prompt, reply and usage with the phase, and count its tokens."""
-    timeout = llm.DEFAULT_TIMEOUT_S
-    if ctx.deadline is not None:  # the round's timeout bounds the call too
-        timeout = max(min(timeout, ctx.deadline - clock.now()), 0.1)
-    verdict = llm.ask(question, state, timeout=timeout, scale=scale)
-    ctx.notes["llm"] = verdict.model_dump(mode="json")
-    usage = verdict.usage
-    ctx.report_usage(input=usage.input, cached=usage.cached, output=usage.output)
-    return verdict
 
 
 def llm_check(question: str) -> Callable[[LoopContext, Any], LoopCheck]:
@@ -47,7 +33,7 @@ def llm_check(question: str) -> Callable[[LoopContext, Any], LoopCheck]:
         raise DefinitionError("llm_check: question must be a non-empty string, e.g. 'Is the essay clear?'")
 
     def check(ctx: LoopContext, candidate: Any) -> LoopCheck:
-        verdict = _judge(ctx, question, candidate)
+        verdict = ask_model(ctx, question, candidate)
         return LoopCheck(done=verdict.affirmative, feedback=verdict.reply or "(no reply)")
 
     check.__qualname__ = f"llm_check({question!r})"
@@ -68,8 +54,8 @@ def llm_score(question: str, *, passing: float, scale: float = 10) -> Callable[[
         raise DefinitionError(f"llm_score: passing must be a number in (0, scale={scale:g}], got {passing!r}")
 
     def check(ctx: LoopContext, candidate: Any) -> LoopCheck:
-        verdict = _judge(ctx, question, candidate, scale=float(scale))
-        score = llm.parse_score(verdict.reply, float(scale))
+        verdict = ask_model(ctx, question, candidate, scale=float(scale))
+        score = verdict.score
         return LoopCheck(done=score is not None and score >= passing, feedback=verdict.reply or "(no reply)",
                          score=score)
 
@@ -129,7 +115,7 @@ def loop(
         if until is not None and until(ctx, state, iteration):
             return LoopCheck(done=True, feedback=f"until: stopped after iteration {iteration}")
         if until_llm is not None:
-            verdict = _judge(ctx, until_llm, state)
+            verdict = ask_model(ctx, until_llm, state)
             if verdict.affirmative:
                 return LoopCheck(done=True, feedback=f"until_llm: {verdict.reply}")
         if iteration >= cap:

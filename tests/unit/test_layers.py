@@ -1,6 +1,6 @@
 """The layers of docs/architecture.md, checked against the imports: every import of a taskloop
-module goes to its own layer or one below (TYPE_CHECKING imports included), and no module is
-over the size that asks for a split."""
+module goes to its own layer or one below (TYPE_CHECKING imports included), never to a package
+its layer is barred from, and no module is over the size that asks for a split."""
 
 from __future__ import annotations
 
@@ -25,11 +25,18 @@ LAYERS = [
     ("cli", "ui", "examples"),
     ("__init__", "__main__", "celery"),
 ]
+# packages a layer may not import though they are below it (docs/architecture.md): declarations
+# do no I/O, so define/ reaches no client of connections/ (a context brings the model: runtime/judge.py)
+BARRED = {"define": ("connections",)}
 MAX_LINES = 500
 
 
+def package_of(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
 def layer_of(module: str) -> int:
-    part = module.split(".")[1] if module.count(".") else "__init__"
+    part = package_of(module)
     for n, names in enumerate(LAYERS):
         if part in names:
             return n
@@ -60,6 +67,13 @@ def test_no_import_goes_up_a_layer(module: str, path: Path) -> None:
     mine = layer_of(module)
     upward = [target for target in imports_of(path) if target != "taskloop" and layer_of(target) > mine]
     assert not upward, f"{module} (layer {LAYERS[mine]}) imports from above: {upward}"
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_no_import_goes_to_a_barred_package(module: str, path: Path) -> None:
+    barred = BARRED.get(package_of(module), ())
+    found = [target for target in imports_of(path) if target != "taskloop" and package_of(target) in barred]
+    assert not found, f"{module} ({package_of(module)}/) imports from {barred}, which it may not: {found}"
 
 
 def test_no_module_is_over_the_size_that_asks_for_a_split() -> None:

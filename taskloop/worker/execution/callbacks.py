@@ -29,6 +29,7 @@ from taskloop.define.options import LoopCheck
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
 from taskloop.runtime.commit import write
+from taskloop.runtime.judge import judge
 from taskloop.store.redis_store import Applied, RedisStore
 
 JSON_FIX = "return None, bool, int, finite float, str, list or dict with str keys"
@@ -142,7 +143,8 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
                   signal: Signal, phase: Phase | None, caps: Caps = DEFAULT_CAPS,
                   on_tokens: Callable[[int], None] | None = None) -> TaskContext:
     """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0).
-    The run input and dependency values are read when the callback first asks for them.
+    The run input and dependency values are read when the callback first asks for them; the model
+    that until_llm, tl.llm_check and tl.llm_score ask is the runtime's (runtime/judge.py).
     ``on_tokens``: told the tokens each usage report adds (the phase's token rate limits)."""
 
     def load_value(dep: str) -> Any:
@@ -154,6 +156,7 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
         signal=signal, after=task.after, load_value=load_value,
         usage=Usage(store, snap.run_id, task.key, caps.receipt, record.round if phase is not None else 0, on_tokens),
         load_activation=(lambda: snap.json(fld.activation_field(task.key))) if workflow.graph is not None else None,
+        judge=judge,
     )
     if phase is None:
         return TaskContext(attempt=0, idempotency_key=f"{snap.run_id}/{task.key}/prepare", **common)
