@@ -1,23 +1,23 @@
 """Tasks: ``define_task``, ``define_loop_task`` and ``define_gate``. A ``Task`` is an immutable
 declaration; workflows put them together (workflow.py, graph.py). Everything is validated now,
-with a DefinitionError that names the field and the fix (checks shared with graph steps are in
-validate.py)."""
+with a DefinitionError that names the field and the fix: the options every task declaration
+shares by ``task_options`` (``TaskOptions``), the other checks shared with graph steps in
+validate.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
 from taskloop.base.errors import DefinitionError
 from taskloop.base.text import shown
 from taskloop.define.limits import Limit, merge
 from taskloop.define.limits import check_limits as limits_option
-from taskloop.define.options import ON_EXHAUSTED, Cache, Plateau, Retry, is_safe_int
+from taskloop.define.options import ON_EXHAUSTED, Cache, Plateau, Retry, check_timeout_ms, is_safe_int
 from taskloop.define.validate import (
     check_callable,
-    check_common,
     check_name,
     check_no_retry,
     check_signature,
@@ -133,6 +133,42 @@ def _check_after(key: str, after: Iterable[TaskRef] | None) -> tuple[str, ...]:
     return keys
 
 
+class TaskOptions(TypedDict):
+    """The options every task declaration shares, checked (``task_options``): what a Task keeps of
+    them. define_task and define_loop_task take them, and through those tl.loop and tl.step."""
+
+    after: tuple[str, ...]
+    condition: Callable[..., Any] | None
+    timeout_ms: int | None
+    retry: Retry | None
+    cache: Cache | None
+    queue: str | None
+    limits: tuple[Limit, ...]  # of every phase
+
+
+def task_options(key: str, *, after: Any, condition: Any, timeout_ms: Any, retry: Any, cache: Any, queue: Any,
+                 limits: Any) -> TaskOptions:
+    """The shared options of task ``key``, each checked the one way, in this order (a loop task
+    refuses ``retry=`` before: check_no_retry)."""
+    owner = f"task {key}"
+    if condition is not None:
+        check_callable(condition, f"{owner}: condition must be a callable (ctx) -> bool")
+        check_signature(owner, "condition", condition, ("ctx",))
+    check_timeout_ms(timeout_ms, owner)
+    if cache is not None and not isinstance(cache, Cache):
+        raise DefinitionError(f"{owner}: cache must be a tl.Cache(...), got {shown(cache)}")
+    if cache is not None:
+        check_signature(owner, "cache.key", cache.key, ("ctx",))
+    if queue is not None and not is_text(queue):
+        raise DefinitionError(f"{owner}: queue must be a non-empty queue name{got(queue)}")
+    if retry is not None and not isinstance(retry, Retry):
+        raise DefinitionError(f"{owner}: retry must be a tl.Retry(...), got {shown(retry)}")
+    if retry is not None and retry.accepts is not None:
+        check_signature(owner, "retry.accepts", retry.accepts, ("error", "attempt"))
+    return TaskOptions(after=_check_after(key, after), condition=condition, timeout_ms=timeout_ms, retry=retry,
+                       cache=cache, queue=queue, limits=limits_option(owner, "limits", limits))
+
+
 def define_task(
     key: str,
     run: Callable[..., Any],
@@ -150,14 +186,9 @@ def define_task(
     check_name(key)
     check_callable(run, f"define_task requires a run callback: task {key}: run must be callable")
     check_signature(f"task {key}", "run", run, ("ctx",))
-    check_common(key, condition, timeout_ms, cache, queue)
-    if retry is not None and not isinstance(retry, Retry):
-        raise DefinitionError(f"task {key}: retry must be a tl.Retry(...), got {shown(retry)}")
-    if retry is not None and retry.accepts is not None:
-        check_signature(f"task {key}", "retry.accepts", retry.accepts, ("error", "attempt"))
-    return Task(key=key, kind=TaskKind.TASK, after=_check_after(key, after), run=run, condition=condition,
-                timeout_ms=timeout_ms, retry=retry, cache=cache, queue=queue,
-                limits=limits_option(f"task {key}", "limits", limits))
+    options = task_options(key, after=after, condition=condition, timeout_ms=timeout_ms, retry=retry, cache=cache,
+                           queue=queue, limits=limits)
+    return Task(key=key, kind=TaskKind.TASK, run=run, **options)
 
 
 def define_loop_task(
@@ -193,21 +224,19 @@ def define_loop_task(
     check_signature(f"task {key}", "attempt", attempt, ("ctx", "feedback"))
     check_signature(f"task {key}", "check", check, ("ctx", "candidate"))
     check_no_retry(f"task {key}", retry)
-    check_common(key, condition, timeout_ms, cache, queue)
+    options = task_options(key, after=after, condition=condition, timeout_ms=timeout_ms, retry=retry, cache=cache,
+                           queue=queue, limits=limits)
     if plateau is not None and not isinstance(plateau, Plateau):
         raise DefinitionError(f"task {key}: plateau must be a tl.Plateau(rounds=..., min_gain=...), "
                               f"got {shown(plateau)}")
     if on_exhausted not in ON_EXHAUSTED:
         raise DefinitionError(f"task {key}: on_exhausted must be one of {list(ON_EXHAUSTED)}, "
                               f"got {shown(on_exhausted)}")
-    owner = f"task {key}"
-    every = limits_option(owner, "limits", limits)
+    owner, every = f"task {key}", options["limits"]
     attempt_only = merge(owner, every, limits_option(owner, "attempt_limits", attempt_limits))[len(every):]
     check_only = merge(owner, every, limits_option(owner, "check_limits", check_limits))[len(every):]
-    return Task(key=key, kind=TaskKind.LOOP, after=_check_after(key, after), attempt=attempt, check=check,
-                max_rounds=max_rounds, condition=condition, timeout_ms=timeout_ms, cache=cache, queue=queue,
-                plateau=plateau, on_exhausted=on_exhausted, limits=every, attempt_limits=attempt_only,
-                check_limits=check_only)
+    return Task(key=key, kind=TaskKind.LOOP, attempt=attempt, check=check, max_rounds=max_rounds, plateau=plateau,
+                on_exhausted=on_exhausted, attempt_limits=attempt_only, check_limits=check_only, **options)
 
 
 def define_gate(

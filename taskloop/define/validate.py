@@ -1,6 +1,7 @@
 """The checks every declaration shares (plain tasks, loop tasks, gates, graph steps, workflows
-and graph workflows ask here, so one rule gives one message). Each raises DefinitionError with a
-message that names the field and the fix."""
+and graph workflows ask here, so one rule gives one message; the options of tasks are checked
+by tasks.py's task_options). Each raises DefinitionError with a message that names the field
+and the fix."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from taskloop.base import names
 from taskloop.base.errors import DefinitionError
 from taskloop.base.jsonvalue import text_problem
 from taskloop.base.text import shown
-from taskloop.define.options import Budget, Cache, check_timeout_ms
+from taskloop.define.options import Budget
 
 
 def is_text(value: object) -> bool:
@@ -74,20 +75,6 @@ def check_signature(owner: str, role: str, fn: Callable[..., Any], params: tuple
             f"{owner}: {role} must accept ({', '.join(params)}), but {name}({takes}) does not; "
             f"define it as def {role}({', '.join(params)}): ..."
         ) from None
-
-
-def check_common(key: str, condition: object, timeout_ms: object, cache: object, queue: object) -> None:
-    """The options a plain task and a loop task share."""
-    if condition is not None:
-        check_callable(condition, f"task {key}: condition must be a callable (ctx) -> bool")
-        check_signature(f"task {key}", "condition", condition, ("ctx",))  # type: ignore[arg-type]
-    check_timeout_ms(timeout_ms, f"task {key}")
-    if cache is not None and not isinstance(cache, Cache):
-        raise DefinitionError(f"task {key}: cache must be a tl.Cache(...), got {shown(cache)}")
-    if isinstance(cache, Cache):
-        check_signature(f"task {key}", "cache.key", cache.key, ("ctx",))
-    if queue is not None and not is_text(queue):
-        raise DefinitionError(f"task {key}: queue must be a non-empty queue name{got(queue)}")
 
 
 def check_no_retry(owner: str, retry: object, subject: str = "loop tasks have") -> None:
