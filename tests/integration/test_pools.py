@@ -105,6 +105,32 @@ def test_a_pool_class_taskloop_cannot_run_on_is_refused_by_celery_worker(redis_s
     assert "tests.integration.pool_flows.OddPool' is refused" in text, text[-2000:]
 
 
+def test_celery_worker_on_celerys_own_thread_pool_runs_phases_and_cancels(redis_server: RedisServer, client: TaskLoop,
+                                                                          probe: redis.Redis, tmp_path: Path) -> None:
+    """`celery worker --pool threads` is Celery's thread pool (taskloop's -P threads is its own
+    pool process): taken, as ``celery-threads``, with the phases in the worker's own process."""
+    env = {**os.environ, "TASKLOOP_REDIS_URL": redis_server.url, "PYTHONPATH": str(REPO),
+           "TASKLOOP_IMPORTS": IMPORTS[0]}
+    env.pop("TASKLOOP_POOL", None)
+    log = tmp_path / "celery-threads.log"
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "taskloop", "worker", "--pool", "threads",
+                               "-c", "20", "--without-gossip", "--without-mingle", "-n", "celery-threads@%h",
+                               "--loglevel", "INFO", "--logfile", str(log)], env=env)
+    try:
+        handles = [client.start(pool_flows.waiting, input={"hold_s": 0.5, "rounds": 2}) for _ in range(20)]
+        for handle in handles:
+            assert handle.wait(timeout=90).status == "done"
+        assert {c["pid"] for h in handles for c in calls(probe, h.run_id)} == {worker.pid}
+        held = client.start(pool_flows.waiting, input={"hold_s": 60.0})
+        wait_until(lambda: calls(probe, held.run_id), timeout=30, what="the attempt runs")
+        assert client.cancel(held.run_id, "test cancel").cancelled
+        assert held.wait(timeout=20).status == "cancelled"
+        assert ledger_problems(client.events(held.run_id)) == []
+    finally:
+        worker.terminate()
+        worker.wait(90)
+
+
 # --- many in flight, cancel, timeout ---------------------------------------------------------
 
 

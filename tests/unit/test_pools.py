@@ -15,12 +15,15 @@ from taskloop.base.errors import PoolRefused
 from taskloop.cli import cli as main
 from taskloop.runtime.fleet import Held, decode_held, encode_held
 from taskloop.worker import pools
+from taskloop.worker.pools.asyncio_pool import ThreadsPool
 from taskloop.worker.pools.frames import PhaseFrame, Reader, ReplyFrame, pack
 
 
 @pytest.mark.parametrize("name, given", [("prefork", "taskloop.celery_fixes.pool:TaskPool"),
                                          ("processes", "taskloop.celery_fixes.pool:TaskPool"),
-                                         ("threads", "threads"), ("thread", "threads"), ("gevent", "gevent"),
+                                         ("threads", "taskloop.worker.pools.asyncio_pool:ThreadsPool"),
+                                         ("thread", "taskloop.worker.pools.asyncio_pool:ThreadsPool"),
+                                         ("gevent", "gevent"),
                                          ("asyncio", "taskloop.worker.pools.asyncio_pool:TaskPool"),
                                          ("solo", "solo")])
 def test_each_pool_taskloop_runs_on_maps_to_a_celery_pool(name: str, given: str) -> None:
@@ -38,12 +41,13 @@ def test_a_pool_taskloop_cannot_run_on_is_refused_with_the_reason_and_the_choice
 
 def test_the_kind_of_a_celery_pool_class_and_of_a_subclass() -> None:
     assert pools.kind_of(PreforkPool) == "prefork"
-    assert pools.kind_of(ThreadPool) == "threads"
+    assert pools.kind_of(ThreadsPool) == "threads"  # taskloop's -P threads
+    assert pools.kind_of(ThreadPool) == "celery-threads"  # `celery worker --pool threads`: Celery's own
 
     class Tuned(ThreadPool):  # type: ignore[misc]
         pass
 
-    assert pools.kind_of(Tuned) == "threads"
+    assert pools.kind_of(Tuned) == "celery-threads"
 
     class Odd(BasePool):  # type: ignore[misc]
         pass

@@ -38,13 +38,19 @@ class Pool:
 
     @property
     def shared(self) -> bool:
-        return self.kind in ("threads", "gevent", "asyncio")
+        return self.kind in ("threads", "celery-threads", "gevent", "asyncio")
 
     @property
     def in_worker(self) -> bool:
-        """Whether phases run in the worker's main process (threads, greenlets, or solo's one call),
-        where no pool process can be stopped on its own: a phase handed back is signalled instead."""
-        return self.kind in ("threads", "gevent", "solo")
+        """Whether phases run in the worker's main process (Celery's threads, greenlets, or solo's one
+        call), where no pool process can be stopped on its own: a phase handed back is signalled instead."""
+        return self.kind in ("celery-threads", "gevent", "solo")
+
+    @property
+    def on_loop_process(self) -> bool:
+        """Whether phases run in one pool process of taskloop's (asyncio, threads: worker/pools), which
+        runs them all: it is stopped once the warm shutdown's grace is over, not for one phase."""
+        return self.kind in ("asyncio", "threads")
 
 
 POOL = Pool()

@@ -138,9 +138,9 @@ class GracefulShutdown:
             # says it was superseded (its late outcome is refused: its token is no longer the record's;
             # Celery's solo pool cannot terminate a task, its other pools here would stop them all)
             self.executor().watcher.supersede(run_id, key)
-        elif self.pool is not None and process.POOL.kind != "asyncio":
+        elif self.pool is not None and not process.POOL.on_loop_process:
             request.terminate(self.pool, signal="SIGTERM")
-        # (asyncio: the pool process runs every phase; the pool stops it after the grace, asyncio_pool.py)
+        # (asyncio, threads: the pool process runs every phase; the pool stops it after the grace, asyncio_pool.py)
         return True
 
 

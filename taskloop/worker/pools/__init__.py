@@ -3,7 +3,7 @@
 | ``-P`` | phases at once in one process | for |
 |---|---|---|
 | ``prefork`` (default) | one per pool process (``-c`` processes) | CPU-bound callbacks |
-| ``threads`` | ``-c``, one thread each | sync callbacks that wait (a model call) |
+| ``threads`` | ``-c``, a thread each, in one pool process (asyncio_pool.py) | sync callbacks that wait |
 | ``gevent`` | ``-c``, one greenlet each | sync callbacks that wait, on clients gevent can patch |
 | ``asyncio`` | ``-c`` on one event loop (asyncio_pool.py) | ``async def`` callbacks |
 | ``solo`` | one, in the worker's main process | debugging |
@@ -13,7 +13,9 @@ graceful shutdown with hand-back); what a timeout or a cancel can do to a callba
 its signal differs by pool (docs/controls.md, *What each pool can stop*). ``eventlet`` is refused:
 Celery deprecated it, and the store's client (redis-py with hiredis) is not known to work under
 its patching. Any other pool class is refused too: taskloop cannot tell what it does with a
-message, and a pool that drops or holds one is a phase left to its lease.
+message, and a pool that drops or holds one is a phase left to its lease. Celery's own thread
+pool (``celery worker --pool threads``) is taken, as ``celery-threads``: its phases, Celery's
+consumer and their round trips share one process and its interpreter lock.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from taskloop.base.errors import PoolRefused
 
 CELERY_POOLS = {
     "prefork": "taskloop.celery_fixes.pool:TaskPool",  # Celery's, with taskloop's fix
-    "threads": "threads",
+    "threads": "taskloop.worker.pools.asyncio_pool:ThreadsPool",
     "gevent": "gevent",
     "asyncio": "taskloop.worker.pools.asyncio_pool:TaskPool",
     "solo": "solo",
 }
 ALIASES = {"processes": "prefork", "thread": "threads"}
-COMMAND_LINE = ("threads", "gevent", "solo")  # Celery's own names, given to its --pool as they are
+COMMAND_LINE = ("gevent", "solo")  # Celery's own names, given to its --pool as they are
 REFUSED = {
     "eventlet": "Celery deprecated eventlet, and taskloop's store client is not known to work under its "
                 "patching; use -P gevent or -P threads for sync callbacks that wait, -P asyncio for async ones",
@@ -39,7 +41,8 @@ REFUSED = {
 _CLASSES = {
     "taskloop.celery_fixes.pool.TaskPool": "prefork",
     "celery.concurrency.prefork.TaskPool": "prefork",
-    "celery.concurrency.thread.TaskPool": "threads",
+    "celery.concurrency.thread.TaskPool": "celery-threads",  # `celery worker --pool threads`: Celery's own
+    "taskloop.worker.pools.asyncio_pool.ThreadsPool": "threads",
     "celery.concurrency.gevent.TaskPool": "gevent",
     "taskloop.worker.pools.asyncio_pool.TaskPool": "asyncio",
     "celery.concurrency.solo.TaskPool": "solo",

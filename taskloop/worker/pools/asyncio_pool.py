@@ -1,6 +1,7 @@
 """The asyncio pool (``taskloop worker -P asyncio``, Celery's ``worker_pool``
 ``taskloop.worker.pools.asyncio_pool:TaskPool``): thousands of phases in flight, their ``async def``
-callbacks on one event loop, in one pool process.
+callbacks on one event loop, in one pool process. The threads pool (``-P threads``, ``ThreadsPool``)
+is the same with a thread for each of ``-c`` sync callbacks in that process.
 
 Like Celery's prefork pool, it splits the work between two processes: the worker's main process
 runs Celery's consumer (it takes the messages, acknowledges them, sends the events, writes the
@@ -97,7 +98,7 @@ class ApplyResult:
 class LoopChild:
     """The pool process and the main process's end of its socket."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, kind: str = "asyncio", sync_threads: int | None = None) -> None:
         mine, theirs = socket.socketpair()
         for sock in (mine, theirs):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -105,7 +106,7 @@ class LoopChild:
         root = logging.getLogger()
         logfile = next((h.baseFilename for h in root.handlers if isinstance(h, logging.FileHandler)), None)
         options = {"path": sys.path, "parent": os.getpid(), "logfile": logfile, "level": root.level,
-                   "concurrency": concurrency}
+                   "concurrency": concurrency, "kind": kind, "sync_threads": sync_threads}
         env = {**os.environ, LOOP_ENV: json.dumps(options)}
         self.process = subprocess.Popen([sys.executable, "-m", "taskloop.worker.pools.loop_process",
                                          str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=env)
@@ -169,9 +170,18 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery is untyped
         self._stopping = False
 
     # Celery's pool interface ----------------------------------------------------------------
+    KIND = "asyncio"
+
+    def sync_threads(self) -> int | None:
+        """How many threads run the pool process's sync callbacks (None: ``TASKLOOP_SYNC_THREADS``)."""
+        return None
+
+    def _child(self) -> LoopChild:
+        return LoopChild(self.concurrency, self.KIND, self.sync_threads())
+
     def on_start(self) -> None:
-        process.POOL.kind, process.POOL.concurrency = "asyncio", self.concurrency
-        self.child = LoopChild(self.concurrency)
+        process.POOL.kind, process.POOL.concurrency = self.KIND, self.concurrency
+        self.child = self._child()
 
     def register_with_event_loop(self, hub: Any) -> None:
         """Read the pool process's replies in Celery's own event loop (the consumer's thread)."""
@@ -307,7 +317,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery is untyped
                   child.pid, child.process.returncode, len(self.pending))
         self._fail_pending(f"the asyncio pool process {child.pid} exited with code {child.process.returncode}")
         if not self._stopping:
-            self.child = LoopChild(self.concurrency)
+            self.child = self._child()
             if self._hub is not None:
                 self._hub.add_reader(self.child.sock.fileno(), self._readable)
             self._dispatch()
@@ -340,3 +350,15 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery is untyped
             ready, _, _ = select.select([child.sock], [], [], 0.5)
             if ready:
                 self._readable()
+
+
+class ThreadsPool(TaskPool):
+    """``-P threads``: the same two processes, with a thread for each of ``-c`` sync callbacks in the
+    pool process (an ``async def`` one still runs on its loop). Only the callback runs on its
+    thread; the step's round trips are the loop's, and Celery's consumer has the main process's
+    interpreter lock to itself."""
+
+    KIND = "threads"
+
+    def sync_threads(self) -> int | None:
+        return self.concurrency

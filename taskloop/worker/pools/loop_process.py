@@ -65,7 +65,7 @@ def _setup() -> dict[str, Any]:
 class LoopProcess:
     """This process's loop, its phases and its side of the socket."""
 
-    def __init__(self, sock: socket.socket, concurrency: int, sync_threads: int) -> None:
+    def __init__(self, sock: socket.socket, concurrency: int, sync_threads: int, kind: str = "asyncio") -> None:
         from taskloop.worker.app import app
         from taskloop.worker.pools.frames import Reader
 
@@ -79,6 +79,7 @@ class LoopProcess:
         self.running = 0
         self.stopping = False
         self.concurrency = concurrency
+        self.kind = kind  # the pool's name: asyncio, or threads (the same process, a thread per phase)
         self.places: asyncio.Semaphore | None = None  # -c phases run at once; the main process sends a few more
         self._aio: Any = None
         self._aio_store: Any = None
@@ -88,7 +89,7 @@ class LoopProcess:
         from taskloop.worker.execution import callbacks, process
 
         pools.tune_collector()
-        process.POOL.kind, process.POOL.concurrency = "asyncio", self.concurrency
+        process.POOL.kind, process.POOL.concurrency = self.kind, self.concurrency
         callbacks.use_event_loop(self.loop)
         asyncio.set_event_loop(self.loop)
         self.places = asyncio.Semaphore(self.concurrency)
@@ -280,7 +281,8 @@ def main(argv: list[str]) -> None:
 
     import_workflows()
     sock = socket.socket(fileno=int(argv[0]))
-    LoopProcess(sock, int(options["concurrency"]), settings().sync_threads).run()
+    sync_threads = int(options.get("sync_threads") or settings().sync_threads)
+    LoopProcess(sock, int(options["concurrency"]), sync_threads, options.get("kind") or "asyncio").run()
 
 
 if __name__ == "__main__":
