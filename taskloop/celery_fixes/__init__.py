@@ -14,6 +14,10 @@ the worker
 reconnects up to 30 s apart       the app's ``amqp`` class (its Connection)   connection.py
 ================================  ==========================================  ==========================
 
+One extension is here too, not a fix: the outbox's messages handed over as Redis commands instead
+of published (outbox.py, on the same transport subclass; ``relied_on()`` says whether kombu still
+does what it relies on).
+
 Each was checked against the versions in CHECKED, has a test in the default CI run that fails
 with the library's own class instead (tests/unit/test_celery_fixes.py and the tests it names),
 and a probe that says whether the installed library still has the cause (``probe_all()``,
@@ -51,3 +55,10 @@ def probe_all() -> dict[str, bool]:
     from taskloop.celery_fixes import connection, consumer, pool, transport
 
     return {**transport.probe(), **pool.probe(), **consumer.probe(), **connection.probe()}
+
+
+def relied_on() -> dict[str, bool]:
+    """For every extension: does the installed library still do what it relies on (True: it does)?"""
+    from taskloop.celery_fixes import outbox, transport
+
+    return outbox.probe(transport.Channel)

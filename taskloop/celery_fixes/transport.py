@@ -27,6 +27,8 @@ spent per message (a profile of 500 loops, 3,000 phases). A ``redis.Redis`` over
 pool holds no connection and no per-call state, so the channel keeps one, and builds a new one
 when kombu rebuilds its pool (after a reconnect).
 
+Their channels also hand over the Redis commands of a publish for the outbox (outbox.py).
+
 ``probe()`` says, for the installed kombu, whether each cause is still there.
 """
 
@@ -39,6 +41,8 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kredis
+
+from taskloop.celery_fixes.outbox import Collecting
 
 
 class _Fixes:
@@ -68,12 +72,12 @@ class _Fixes:
         yield cached
 
 
-class Channel(_Fixes, kredis.Channel):
-    """kombu's Redis channel with taskloop's two fixes."""
+class Channel(_Fixes, Collecting, kredis.Channel):
+    """kombu's Redis channel with taskloop's two fixes (and the outbox's collection)."""
 
 
-class SentinelChannel(_Fixes, kredis.SentinelChannel):
-    """kombu's Sentinel channel with taskloop's two fixes."""
+class SentinelChannel(_Fixes, Collecting, kredis.SentinelChannel):
+    """kombu's Sentinel channel with taskloop's two fixes (and the outbox's collection)."""
 
 
 class Transport(kredis.Transport):

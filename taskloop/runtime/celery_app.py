@@ -14,6 +14,7 @@ from celery import Celery
 from taskloop.base.config import Settings, celery_config_module, settings
 from taskloop.base.errors import OutboxUnsupported
 from taskloop.celery_fixes.connection import AMQP
+from taskloop.celery_fixes.outbox import collect
 from taskloop.connections import broker
 from taskloop.core import reads
 from taskloop.core.begin import Dispatch
@@ -162,7 +163,8 @@ class PhaseSender:
     never closes do not use up the pool's ``broker_pool_limit`` connections and block).
 
     When the broker is the store's own Redis, ``fold`` returns the Redis commands that publish
-    the messages, for the commit to run inside its write (outbox.py); otherwise the commit calls
+    the messages, for the commit to run inside its write (outbox.py: built by its ``Builder``, or
+    taken from Celery's own send by taskloop's transport, celery_fixes/outbox.py); otherwise the commit calls
     the sender after its write. A pool process sends one message per phase; taking a producer
     from the pool for each costs a noticeable share of the send. Broker errors are retried by
     Celery; if a send still fails, the producer is dropped and the next send takes a fresh one
@@ -239,7 +241,7 @@ class PhaseSender:
                     for push, m in zip(built, messages, strict=True) if push is not None]
         with self._lock:
             try:
-                return outbox.collect(self._acquire(), lambda: self._locked_send(messages))
+                return collect(self._acquire(), lambda: self._locked_send(messages))
             except OutboxUnsupported as exc:
                 log.info("messages are sent after each write: %s", exc)
                 self.folds = False

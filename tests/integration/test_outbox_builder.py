@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from taskloop.base.config import Settings
+from taskloop.celery_fixes import transport
+from taskloop.celery_fixes.outbox import collect
 from taskloop.core.begin import Dispatch
 from taskloop.core.limits import Waiter
 from taskloop.core.phases import Phase
@@ -46,7 +48,7 @@ def test_a_built_message_is_the_one_celery_and_kombu_push(redis_server, dispatch
     assert sender.folds and sender.builder.usable
     messages = messages_of(ONE, "run-1", dispatches)
     built = [sender.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown) for m in messages]
-    by_kombu = outbox.collect(sender._acquire(), lambda: sender._locked_send(messages))
+    by_kombu = collect(sender._acquire(), lambda: sender._locked_send(messages))
     assert [name for name, _ in by_kombu] == ["lpush"] * len(messages)
     assert all(push is not None for push in built)
     assert [key for key, _ in built if key] == [args[0] for _, args in by_kombu]
@@ -61,6 +63,28 @@ def test_a_countdown_or_a_routed_app_goes_through_celery(redis_server) -> None:
     assert builder.push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None, countdown=2.0) is None
     app.conf.task_routes = {"taskloop.*": {"queue": "routed"}}
     assert outbox.Builder(app).push("taskloop.run", ["r", "a", 1, 1], "x.a.run", "r a round=1", None) is None
+
+
+def test_a_message_the_builder_does_not_build_is_folded_from_celerys_own_send(tmp_path) -> None:
+    """A countdown: Celery builds the message, taskloop's transport channel hands its commands over
+    (celery_fixes/outbox.py) and runs none; nothing is set on the live channel. A Redis of its own,
+    so that an empty queue means nothing was pushed."""
+    import redis
+
+    with RedisServer(tmp_path) as server:
+        app = make_app(Settings(redis_url=server.url, broker_url=server.url))
+        client = redis.Redis.from_url(server.url)
+        sender = PhaseSender(app, server.url)
+        try:
+            commands = sender.fold(ONE, "run-1", [Dispatch("a", Phase.RUN, 1, 1, 5.0)])
+            channel = sender._acquire().channel
+            assert commands is not None and [name for name, _ in commands] == ["lpush"]
+            assert commands[0][1][0] == app.conf.task_default_queue and client.llen(app.conf.task_default_queue) == 0
+            assert json.loads(commands[0][1][1])["headers"]["eta"] is not None
+            assert type(channel) is transport.Channel and "create_publish_batch" not in vars(channel)
+        finally:
+            sender.close()
+            client.close()
 
 
 def _taken(client: Any, queue: str) -> list[str]:

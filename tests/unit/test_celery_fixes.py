@@ -15,11 +15,13 @@ import logging
 import pytest
 from celery.concurrency import prefork
 from celery.concurrency.asynpool import AsynPool as CeleryAsynPool
+from kombu import Producer
 from kombu.connection import Connection
 from kombu.transport import redis as kredis
 
 from taskloop import celery_fixes
-from taskloop.celery_fixes import connection, consumer, pool, transport
+from taskloop.base.errors import OutboxUnsupported
+from taskloop.celery_fixes import connection, consumer, outbox, pool, transport
 
 
 def test_the_detached_transport_crash_is_kombus_and_not_taskloops() -> None:
@@ -90,3 +92,36 @@ def test_every_probe_answers_and_unchecked_versions_are_named(monkeypatch: pytes
     with caplog.at_level(logging.WARNING, "taskloop.worker"):
         say_unchecked_versions()
     assert "not checked against kombu 9.9.9" in caplog.text
+
+
+class _PublishesAtOnce(transport.Channel):
+    """taskloop's channel on a kombu whose Redis channel ran a batched publish's commands itself."""
+
+    def _put(self, queue, message, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.pop("_publish_batch", None)
+        return super()._put(queue, message, **kwargs)
+
+
+def test_the_outbox_collects_through_taskloops_channel_class_and_checks_kombu_first() -> None:
+    """The outbox's commands come through taskloop's channel class (celery_fixes/outbox.py), not an
+    attribute set on a live channel; on a kombu that would run them instead, collect refuses."""
+    assert outbox.hands_over_commands(transport.Channel) and outbox.hands_over_commands(transport.SentinelChannel)
+    assert not outbox.hands_over_commands(kredis.Channel)  # kombu's own channel keeps nothing
+    assert not outbox.hands_over_commands(_PublishesAtOnce)
+    assert celery_fixes.relied_on() == outbox.probe(transport.Channel) and all(celery_fixes.relied_on().values())
+    before = kredis.Channel.create_publish_batch
+    channel = outbox.offline_channel(transport.Channel)
+    producer = Producer(channel, auto_declare=False)
+    patched: list[bool] = []
+
+    def publish() -> None:
+        patched.append("create_publish_batch" in vars(channel))
+        producer.publish({"x": 1}, routing_key="q", serializer="json")
+
+    assert [(name, args[0]) for name, args in outbox.collect(producer, publish)] == [("lpush", "q")]
+    assert patched == [False] and "create_publish_batch" not in vars(channel)
+    assert kredis.Channel.create_publish_batch is before and channel._taskloop_outbox is None
+    for refused, why in ((kredis.Channel, "publishes immediately"), (_PublishesAtOnce, "no longer hands")):
+        with pytest.raises(OutboxUnsupported, match=why):
+            outbox.collect(Producer(outbox.offline_channel(refused), auto_declare=False), lambda: None)
+
