@@ -15,7 +15,7 @@ from typing import Any
 from celery import signals
 
 from taskloop.base.config import settings
-from taskloop.celery_fixes import unchecked_versions
+from taskloop.celery_fixes import relied_on, unchecked_versions
 from taskloop.celery_fixes.pool import POOL
 from taskloop.runtime.celery_app import make_app
 from taskloop.worker import pools
@@ -46,7 +46,18 @@ def say_unchecked_versions(**_: Any) -> None:
                     "taskloop.celery_fixes` to see which are still needed", line)
 
 
+def say_what_no_longer_holds(**_: Any) -> None:
+    """A worker on a kombu that no longer does what the outbox relies on says so when it starts
+    (celery_fixes/outbox.py: the messages the outbox's Builder does not build are then sent after
+    each write)."""
+    for what, holds in relied_on().items():
+        if not holds:
+            log.warning("no longer holds with the installed libraries: %s; run `python -m taskloop.celery_fixes`",
+                        what)
+
+
 signals.worker_init.connect(say_unchecked_versions, weak=False)
+signals.worker_init.connect(say_what_no_longer_holds, weak=False)
 
 
 def run_worker(argv: list[str]) -> int:

@@ -125,3 +125,14 @@ def test_the_outbox_collects_through_taskloops_channel_class_and_checks_kombu_fi
         with pytest.raises(OutboxUnsupported, match=why):
             outbox.collect(Producer(outbox.offline_channel(refused), auto_declare=False), lambda: None)
 
+
+def test_a_worker_says_at_start_when_what_the_outbox_relies_on_no_longer_holds(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import taskloop.worker.app as worker_app
+
+    with caplog.at_level(logging.WARNING, "taskloop.worker"):
+        worker_app.say_what_no_longer_holds()
+        assert "no longer holds" not in caplog.text
+        monkeypatch.setattr(worker_app, "relied_on", lambda: outbox.probe(_PublishesAtOnce))
+        worker_app.say_what_no_longer_holds()
+    assert "no longer holds with the installed libraries: kombu's publish batch hands" in caplog.text
