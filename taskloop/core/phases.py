@@ -1,4 +1,4 @@
-"""The pure phase state machine of one task: statuses, phases, the transition table. No I/O.
+"""The pure phase state machine of one task: its events, the transition table, `advance`. No I/O.
 
 A task record is an immutable value. ``advance(record, event)`` returns a new record whose
 fencing ``token`` is one higher, or raises `IllegalTransition` and leaves the old record as it
@@ -17,30 +17,21 @@ whether its Celery message is queued or running::
     WAITING --FORK--> QUEUED_ATTEMPT (a fork's loop: the round after those it copied)
 
 A waiting task counts the dependencies it still waits for (``waiting_on``); DEP_DONE lowers it,
-and ACTIVATE is legal only once it is zero. The two time rules of a phase are here too: when a
-round runs out (``TaskRecord.overdue``) and how long a running phase's lease lasts
-(``lease_until``); begin.lua repeats the second by name.
+and ACTIVATE is legal only once it is zero. The records it moves are records.py's `TaskRecord`;
+the time rules of a phase (when a round runs out, how long a lease lasts) are in leases.py.
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
-
-from taskloop.base.errors import (
-    IllegalTransition,
-    LoopTaskExhausted,
-    TaskLoopError,
-    is_recorded,
-    resumable,
-)
-from taskloop.base.jsonvalue import utf8_safe, utf8_safe_json
+from taskloop.base.errors import IllegalTransition, LoopTaskExhausted
 from taskloop.core import scores
+from taskloop.core.leases import round_deadline
+from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.states import (
     QUEUED_STATES as QUEUED_STATES,
 )
@@ -75,163 +66,6 @@ from taskloop.core.states import (
     active_state as active_state,
 )
 from taskloop.define.tasks import TaskKind
-
-
-class ErrorRecord(BaseModel):
-    """A recorded task error: the original type name and message, plus typed details."""
-
-    model_config = ConfigDict(frozen=True)
-    type: str
-    message: str
-    details: dict[str, Any] | None = None
-
-    def of(self, cls: builtins.type[TaskLoopError]) -> bool:
-        """Whether this error was recorded as ``cls`` (through the table of taskloop/base/errors.py)."""
-        return is_recorded(self.type, cls)
-
-    @property
-    def resumable(self) -> bool:
-        return resumable(self.type)
-
-    @field_validator("type", "message", "details", mode="before")
-    @classmethod
-    def _storable(cls, value: Any) -> Any:
-        """An exception's message (and traceback) may hold lone surrogates, which UTF-8 cannot
-        encode: they are escaped, or the outcome could never be recorded."""
-        if isinstance(value, dict):
-            return utf8_safe_json(value)
-        return utf8_safe(value) if isinstance(value, str) else value
-
-
-class TaskRecord(BaseModel):
-    """The durable record of one task in one run (JSON in Redis, compared byte for byte)."""
-
-    model_config = ConfigDict(frozen=True, use_enum_values=False)
-
-    key: str
-    kind: TaskKind
-    limit: int = 1  # loop: max_rounds; plain task: tries allowed by its retry policy
-    status: TaskStatus = TaskStatus.WAITING
-    phase: Phase | None = None
-    slot: Slot | None = None
-    round: int = 0  # loop: 1-based round; plain task: 1-based try; 0 before activation
-    token: int = 0  # fencing token: +1 on every transition
-    attempts: int = 0  # attempts consumed: one per round/try, plus one per replay
-    execs: int = 0  # executions of the current phase (1 = first, more = replays)
-    tries: int = 0  # retries of the current check (a flow loop's stop judgement)
-    lost: int = 0  # executions of the current phase lost to a dead worker or an expired lease
-    deadline: float | None = None  # epoch seconds; set when the round (or try) starts
-    not_before: float | None = None  # retry backoff: the message is due at this time
-    waiting_on: int = 0  # dependencies that are not done yet (WAITING only)
-    worker: str | None = None
-    began_at: float | None = None  # when the current execution began
-    queued_at: float | None = None  # when the current phase's message was (last) sent
-    cache_hit: bool = False
-    prepared: bool = False  # condition (and cache) consulted for this activation
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: ErrorRecord | None = None
-    reason: str | None = None  # why a task was skipped or cancelled (condition, dependency, stopped, ...)
-    scores: list[float | None] | None = None  # a loop's score per round (None until a round is scored)
-    exhausted: str | None = None  # a best-of loop that ended done: why it stopped ("rounds", "plateau")
-    kept_round: int | None = None  # ... and the round whose candidate is its value
-    # a queued phase that keeps the lease of an earlier queueing (``kept_lease``): that
-    # lease's time in the run's lease set; absent when its own lease was written for it
-    lease_kept: float | None = None
-
-    @property
-    def state(self) -> State:
-        if self.status is TaskStatus.ACTIVE:
-            assert self.phase is not None and self.slot is not None
-            return active_state(self.phase, self.slot)
-        return State(self.status.value)
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_TASK
-
-    def overdue(self, now: float) -> bool:
-        """The deadline rule: the round (or try) has run out of time."""
-        return self.deadline is not None and now >= self.deadline
-
-    def dump(self) -> str:
-        """The record's JSON: the state machine's part. Its execution (worker, began_at, deadline)
-        is stored in fields of its own (``execution``, core/fields.py)."""
-        return self.model_dump_json(exclude_defaults=True, exclude=set(EXECUTION))
-
-    def execution(self) -> tuple[str | None, str | None, str | None]:
-        """The execution as stored: worker, began_at and deadline as text (None: absent)."""
-        return (self.worker, None if self.began_at is None else repr(self.began_at),
-                None if self.deadline is None else repr(self.deadline))
-
-    @classmethod
-    def load(cls, raw: str | bytes, worker: str | None = None, began_at: str | None = None,
-             deadline: str | None = None) -> TaskRecord:
-        """A record from its stored parts (a record written whole, with its execution inside its
-        JSON, still loads). An empty execution field is absent: the planner clears one that way
-        inside the HSET it sends anyway, and deletes it when the task ends."""
-        record = cls.model_validate_json(raw)
-        found = {name: value for name, value in (("worker", worker or None), ("began_at", _number(began_at)),
-                                                 ("deadline", _number(deadline))) if value is not None}
-        return record.model_copy(update=found) if found else record
-
-
-EXECUTION = frozenset({"worker", "began_at", "deadline"})
-
-
-def _number(text: str | None) -> float | None:
-    return float(text) if text else None  # "" is a cleared field (the planner clears in its HSET)
-
-
-def round_deadline(began_at: float, timeout_ms: int) -> float:
-    """The deadline rule: a round (or try) must end ``timeout_ms`` after it began; a check keeps its
-    round's deadline. (begin.lua evaluates the same rule under the same name.)"""
-    return began_at + timeout_ms / 1000.0
-
-
-def lease_until(now: float, deadline: float | None, running_lease_s: float, grace_s: float) -> float:
-    """The lease rule: a running phase is reclaimed ``running_lease_s`` after its last renewal,
-    and never before its hard limit (deadline + grace) has passed by a second.
-    (begin.lua evaluates the same rule under the same name.)"""
-    until = now + running_lease_s
-    if deadline is not None:
-        until = max(until, deadline + grace_s + 1.0)
-    return until
-
-
-def queued_lease_until(record: TaskRecord, queued_lease_s: float) -> float | None:
-    """The lease rule for a queued phase: its message is sent again ``queued_lease_s`` after it was
-    queued, or after its retry is due (None: the record is not queued). The planner writes this
-    lease when a phase enters its queue; a phase queued again under a lease that is still ahead
-    keeps that earlier lease instead (``kept_lease``, the record's ``lease_kept``),
-    and the reconciler, finding that one expired, moves it to this time instead of sending the
-    message again."""
-    if record.state not in QUEUED_STATES or record.queued_at is None:
-        return None
-    return max(record.queued_at, record.not_before or 0.0) + queued_lease_s
-
-
-def own_lease_if_kept(record: TaskRecord, queued_lease_s: float) -> float | None:
-    """When the lease in the run's lease set is one a queued phase kept from an earlier queueing
-    (``lease_kept``), the phase's own queued lease, which is what counts (the reconciler moves the
-    kept one there; a redelivery is judged by it); None when the stored lease is the phase's own."""
-    return queued_lease_until(record, queued_lease_s) if record.lease_kept is not None else None
-
-
-def kept_lease(stored: TaskRecord | None, new: TaskRecord | None, until: float | None, now: float,
-               queued_lease_s: float) -> float | None:
-    """The lease a phase queued again (the next phase of a loop, a retry) keeps from its earlier
-    queueing instead of writing its own at ``until`` (None: it writes its own): the stored record's
-    lease, while that is still ahead and no later than ``until`` (five of a 3-round loop's six
-    lease writes). The new record says so (``lease_kept``): when that lease expires before the
-    phase's own, the reconciler moves it to the phase's own (``queued_lease_until``) instead of
-    sending the message again. A lease written for the phase's own queueing is taken at its word:
-    when it expires, the message is presumed lost."""
-    if until is None or stored is None or new is None or stored.state not in QUEUED_STATES \
-            or new.state not in QUEUED_STATES:  # a running phase's lease was written for it (begin.lua)
-        return None
-    held = stored.lease_kept if stored.lease_kept is not None else queued_lease_until(stored, queued_lease_s)
-    return held if held is not None and now < held <= until else None
 
 
 class EventKind(str, Enum):

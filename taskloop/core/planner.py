@@ -28,22 +28,20 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Index, Writes, ended_score
 from taskloop.core.begin import Cap, Dispatch, budget_caps, counts_attempts, prepared_begin
 from taskloop.core.events import Event
+from taskloop.core.leases import kept_lease, lease_until
 from taskloop.core.phases import (
     QUEUED_STATES,
     RUNNING_STATES,
-    ErrorRecord,
     EventKind,
     Phase,
     PhaseEvent,
     RunStatus,
     State,
-    TaskRecord,
     TaskStatus,
     Termination,
     advance,
-    kept_lease,
-    lease_until,
 )
+from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.rules import (
     ENDING_FIELDS,
     OUTCOME_FIELDS,
@@ -186,7 +184,7 @@ class Planner:
             self.leases[key] = None
 
     def _kept_leases(self) -> dict[str, float]:
-        """The phases queued again that keep the lease of their earlier queueing (phases.py
+        """The phases queued again that keep the lease of their earlier queueing (leases.py
         ``kept_lease``), by that lease's time: the write has one ZADD fewer for each."""
         kept: dict[str, float] = {}
         for key, until in ({} if self.new_run else self.leases).items():

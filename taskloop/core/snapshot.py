@@ -10,7 +10,8 @@ from typing import Any
 
 from taskloop.base.errors import CorruptRecord
 from taskloop.core import fields as fld
-from taskloop.core.phases import ErrorRecord, RunStatus, TaskRecord, Termination
+from taskloop.core.phases import RunStatus, Termination
+from taskloop.core.records import ErrorRecord, TaskRecord
 
 Loader = Callable[[list[str]], list[str | None]]
 _TERMINAL = {RunStatus.DONE.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value, RunStatus.REJECTED.value}

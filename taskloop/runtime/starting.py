@@ -28,8 +28,9 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Index, ended_score
 from taskloop.core.begin import Dispatch
 from taskloop.core.events import Event
-from taskloop.core.phases import QUEUED_STATES, ErrorRecord, RunStatus
+from taskloop.core.phases import QUEUED_STATES, RunStatus
 from taskloop.core.planner import Planner
+from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime import shapes

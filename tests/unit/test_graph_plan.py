@@ -18,8 +18,9 @@ from taskloop.base.jsonvalue import dumps
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Writes
 from taskloop.core.events import Event
-from taskloop.core.phases import ErrorRecord, EventKind, PhaseEvent, State
+from taskloop.core.phases import EventKind, PhaseEvent, State
 from taskloop.core.planner import Planner
+from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
 

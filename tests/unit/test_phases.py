@@ -14,18 +14,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from taskloop.base.errors import IllegalTransition
 from taskloop.core.phases import (
     TABLE,
-    ErrorRecord,
     EventKind,
     Phase,
     PhaseEvent,
     Slot,
     State,
-    TaskRecord,
     TaskStatus,
     active_state,
     advance,
     exhausted_error,
 )
+from taskloop.core.records import ErrorRecord, TaskRecord
 
 AT = 1_000.0
 BOOM = ErrorRecord(type="ValueError", message="boom")

@@ -14,7 +14,7 @@ import pytest
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.batch import ended_score, is_ended_score
-from taskloop.core.phases import ErrorRecord
+from taskloop.core.records import ErrorRecord
 from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import starting
 from taskloop.store import keys as k

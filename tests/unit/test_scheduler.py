@@ -11,8 +11,9 @@ import taskloop as tl
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record, prepared_begin
-from taskloop.core.phases import ErrorRecord, EventKind, Phase, PhaseEvent, State, advance
+from taskloop.core.phases import EventKind, Phase, PhaseEvent, State, advance
 from taskloop.core.planner import Planner
+from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")
@@ -304,7 +305,7 @@ def test_a_phase_queued_again_writes_its_lease_when_the_stored_one_would_not_do(
 
 
 def test_the_queued_lease_rule() -> None:
-    from taskloop.core.phases import queued_lease_until
+    from taskloop.core.leases import queued_lease_until
 
     _, run = _queued_loop()
     queued = run.records["b"]

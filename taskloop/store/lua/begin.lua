@@ -47,12 +47,12 @@ for _, cap in ipairs(pre.caps) do
 end
 
 local now = tonumber(ARGV[12])
--- round_deadline (taskloop/core/phases.py): a new round ends tmo seconds after it began; a check
+-- round_deadline (taskloop/core/leases.py): a new round ends tmo seconds after it began; a check
 -- keeps its round's deadline (pre.dl)
 local deadline = pre.dl
 if deadline == cjson.null then deadline = nil end
 if deadline == nil and pre.tmo ~= cjson.null then deadline = now + pre.tmo end
--- lease_until (taskloop/core/phases.py): max(now + running lease, deadline + grace + 1)
+-- lease_until (taskloop/core/leases.py): max(now + running lease, deadline + grace + 1)
 local lease = now + pre.lease
 if deadline then lease = math.max(lease, deadline + pre.grace + 1) end
 

@@ -21,7 +21,7 @@ from taskloop.base.jsonvalue import canonical, dumps, lossless_problem
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.events import Event
-from taskloop.core.phases import ErrorRecord
+from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import TaskContext
 from taskloop.define.options import Cache

@@ -22,7 +22,8 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.checks import StoredCheck
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import ErrorRecord, EventKind, Phase, TaskRecord
+from taskloop.core.phases import EventKind, Phase
+from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import LoopContext, Signal, TaskContext
 from taskloop.define.options import LoopCheck

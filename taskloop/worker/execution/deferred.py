@@ -39,7 +39,8 @@ from taskloop.base import clock
 from taskloop.base.errors import CorruptRecord
 from taskloop.core import fields as fld
 from taskloop.core import reads
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, TaskRecord, active_state, advance
+from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, active_state, advance
+from taskloop.core.records import TaskRecord
 from taskloop.core.rules import control_reason
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.tasks import Task

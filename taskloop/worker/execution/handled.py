@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from taskloop.core.phases import ErrorRecord, EventKind, TaskStatus
+from taskloop.core.phases import EventKind, TaskStatus
+from taskloop.core.records import ErrorRecord
 from taskloop.runtime.commit import Committed
 
 

@@ -17,8 +17,9 @@ from taskloop.core import outcomes
 from taskloop.core.events import Event
 from taskloop.core.limits import LimitOp
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import ErrorRecord, EventKind, Phase, TaskRecord
+from taskloop.core.phases import EventKind, Phase
 from taskloop.core.planner import Planner
+from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.context import Signal
 from taskloop.define.tasks import Task, TaskKind

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import StoreAccessDenied, StoreUnavailable
-from taskloop.core.phases import lease_until
+from taskloop.core.leases import lease_until
 from taskloop.core.rules import control_reason
 from taskloop.define.context import Signal
 from taskloop.runtime.commit import renew

@@ -35,8 +35,9 @@ from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import CommitConflict, CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, TaskRecord
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent
 from taskloop.core.planner import Planner
+from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime.commit import Sender, commit

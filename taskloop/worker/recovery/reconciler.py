@@ -9,7 +9,7 @@ renewed it:
   replay, or fails with PhaseAbandoned after ``TASKLOOP_MAX_EXECUTIONS`` (worker/recovery/executions.py);
 - any other task (finished, waiting): the stale lease is dropped;
 - a phase queued again under the lease of its earlier queueing (a loop's next phase keeps the
-  lease its first one got, and its record says so: core/phases.py ``kept_lease``): the lease
+  lease its first one got, and its record says so: core/leases.py ``kept_lease``): the lease
   moves to the phase's own end (``own_lease_if_kept``), and the message is sent again only after
   that.
 
@@ -42,7 +42,8 @@ from taskloop.base.config import Settings, min_lease_s
 from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenied, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, is_ended_score
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus, own_lease_if_kept
+from taskloop.core.leases import own_lease_if_kept
+from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
