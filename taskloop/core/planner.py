@@ -21,8 +21,7 @@ from collections import Counter
 from typing import Any
 
 from taskloop.base.config import Settings, min_lease_s
-from taskloop.base.errors import CorruptRecord, LoopTaskExhausted, WorkflowBudgetExceeded
-from taskloop.base.text import cut
+from taskloop.base.errors import CorruptRecord, WorkflowBudgetExceeded
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Index, Writes, ended_score
@@ -33,7 +32,6 @@ from taskloop.core.phases import (
     QUEUED_STATES,
     RUNNING_STATES,
     EventKind,
-    Phase,
     PhaseEvent,
     RunStatus,
     State,
@@ -53,6 +51,7 @@ from taskloop.core.rules import (
 )
 from taskloop.core.snapshot import Snapshot
 from taskloop.core.topology import topology_of
+from taskloop.core.transition_events import transition_events
 from taskloop.define.workflow import Workflow
 
 
@@ -133,39 +132,10 @@ class Planner:
             self.counters[field] += int(new.status is status) - int(old.status is status)
 
     def _derive(self, old: TaskRecord, new: TaskRecord, event: PhaseEvent) -> None:
+        """What follows from one transition: its events (transition_events.py; the first carries
+        what ran), and the message and lease of a phase that enters a queue or begins."""
         key = new.key
-        emitted: list[Event] = []
-        if old.state is State.RUNNING_CHECK and event.kind in (EventKind.ACCEPT, EventKind.REJECT):
-            feedback = None if event.feedback is None else cut(event.feedback, EVENT_TEXT_LIMIT)
-            verdict: dict[str, Any] = {"done": event.kind is EventKind.ACCEPT, "feedback": feedback}
-            if event.score is not None:
-                verdict["score"] = event.score
-            emitted.append(Event(type=ev.PHASE, key=key, round=old.round, phase=Phase.COMPLETE.value, at=self.now,
-                                 data=verdict))
-        if event.kind in (EventKind.EXPIRE, EventKind.HAND_BACK):
-            kind = ev.LOST if event.kind is EventKind.EXPIRE else ev.HANDED_BACK
-            emitted.append(Event(type=kind, key=key, round=new.round, phase=_value(new.phase), at=self.now))
-        if event.kind is EventKind.RETRY and new.phase is Phase.CHECK:  # same round and phase: say so
-            emitted.append(Event(type=ev.RETRY, key=key, round=new.round, phase=_value(new.phase), at=self.now,
-                                 data={"try": new.tries + 1, "due": new.not_before,
-                                       "error": event.error.message if event.error else None}))
-        if new.status is TaskStatus.ACTIVE and (new.phase, new.round) != (old.phase, old.round):
-            emitted.append(Event(type=ev.PHASE, key=key, round=new.round, phase=_value(new.phase), at=self.now))
-        entered_phase = bool(emitted) and emitted[-1].type == ev.PHASE
-        if new.status is not old.status and not (new.status is TaskStatus.ACTIVE and entered_phase):
-            data: dict[str, Any] = {"status": new.status.value}
-            if new.error is not None and new.error is not old.error:
-                data.update(error=new.error.type, message=new.error.message)
-                if new.error.of(LoopTaskExhausted):
-                    data["exhausted"] = (new.error.details or {}).get("reason") or "rounds"
-            if new.reason is not None and new.reason is not old.reason:
-                data["reason"] = new.reason
-            if new.cache_hit:
-                data["cache_hit"] = True
-            if new.exhausted is not None:  # a best-of loop ran out: done with the round it kept
-                data.update(exhausted=new.exhausted, kept_round=new.kept_round)
-            emitted.append(Event(type=ev.TASK, key=key, round=new.round or None,
-                                 phase=_value(new.phase), at=self.now, data=data))
+        emitted = transition_events(old, new, event, self.now)
         if emitted and key in self.exec_info:
             first = emitted[0]
             emitted[0] = first.model_copy(update={"data": {**(first.data or {}), "exec": self.exec_info.pop(key)}})
@@ -484,14 +454,3 @@ class Planner:
         else:
             final.list_run(self.workflow.name, status.value, self.created(), was=was)
         final.look_at(ended_score(self.now))  # the next pass forgets and compacts it (store/compacted.py)
-
-
-EVENT_TEXT_LIMIT = 300  # characters of a feedback quoted in an event (the whole one is in the round data)
-
-
-
-
-def _value(phase: Phase | None) -> str | None:
-    return phase.value if phase is not None else None
-
-
