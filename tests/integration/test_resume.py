@@ -125,7 +125,7 @@ def test_corrupt_records_are_refused_before_any_callback(client, probe) -> None:
 
 def test_a_lease_kept_from_an_earlier_queueing_is_moved_not_taken_for_a_lost_message(client, monkeypatch) -> None:
     """A loop's next phase keeps the lease its first phase got, and its record says so
-    (core/planner.py _kept_leases): when that lease expires, the phase's own is still ahead. The
+    (core/draft.py _kept_leases): when that lease expires, the phase's own is still ahead. The
     reconciler moves the lease there; it sends the message again only once that one expires too.
     (A lease written for the phase's own queueing is taken at its word: the next test.)"""
     import redis

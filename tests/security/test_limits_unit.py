@@ -294,7 +294,7 @@ def test_a_live_lease_looks_at_the_process_once_and_never_waits(monkeypatch: pyt
 
 
 def test_a_queued_phase_run_before_its_begin_is_judged_by_its_own_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A loop's next phase may keep the stored lease of its earlier queueing (core/planner.py
+    """A loop's next phase may keep the stored lease of its earlier queueing (core/draft.py
     _kept_leases, the record's lease_kept): expired there, it is not lost while its own queued lease
     is ahead. A lease written for its own queueing is taken at its word."""
     monkeypatch.setattr(recovery, "worker_is_dead", lambda worker, wait=0.0: False)
