@@ -25,7 +25,7 @@ from taskloop.cli.common import (
     resolve,
 )
 from taskloop.cli.display import Progress, ago, event_line, iso, plain, print_result, render_run
-from taskloop.core.phases import RunStatus
+from taskloop.core.states import RunStatus
 from taskloop.runtime.models import RunResult
 
 STATUSES = [s.value for s in RunStatus]

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.limits import limits_tag, unkeyed_specs
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import Phase
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import Workflow
 

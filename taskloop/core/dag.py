@@ -9,9 +9,10 @@ import json
 
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record
-from taskloop.core.phases import EventKind, PhaseEvent, State, TaskStatus
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.plan import Plan
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import State, TaskStatus
 
 
 class Dag:

@@ -34,10 +34,11 @@ from taskloop.core import scores
 from taskloop.core.batch import Index
 from taskloop.core.begin import counts_attempts, initial_record
 from taskloop.core.events import Event
-from taskloop.core.phases import EventKind, PhaseEvent, RunStatus, State, TaskStatus
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import RunStatus, State, TaskStatus
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
 

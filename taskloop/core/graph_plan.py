@@ -25,9 +25,10 @@ from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record
 from taskloop.core.events import Event
-from taskloop.core.phases import EventKind, PhaseEvent, TaskStatus, Termination
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.plan import Plan
 from taskloop.core.records import ErrorRecord, TaskRecord
+from taskloop.core.states import TaskStatus, Termination
 from taskloop.define.graph_spec import OUTCOME_EVENT, Activation, GraphSpec, Transition, schema_problem
 
 EVENT_STATE_LIMIT = 4_096  # characters of a state quoted in a transition event (a larger one: its size)

@@ -17,9 +17,10 @@ import random
 from dataclasses import dataclass, field, replace
 
 from taskloop.base.errors import TaskLoopError, TaskTimeout, WorkflowBudgetExceeded
-from taskloop.core.phases import EventKind, Phase, PhaseEvent
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.rules import ending_reason
+from taskloop.core.states import Phase
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
 

@@ -32,39 +32,7 @@ from taskloop.base.errors import IllegalTransition, LoopTaskExhausted
 from taskloop.core import scores
 from taskloop.core.leases import round_deadline
 from taskloop.core.records import ErrorRecord, TaskRecord
-from taskloop.core.states import (
-    QUEUED_STATES as QUEUED_STATES,
-)
-from taskloop.core.states import (
-    RUNNING_STATES as RUNNING_STATES,
-)
-from taskloop.core.states import (
-    TERMINAL_RUN as TERMINAL_RUN,
-)
-from taskloop.core.states import (
-    TERMINAL_TASK as TERMINAL_TASK,
-)
-from taskloop.core.states import (
-    Phase as Phase,
-)
-from taskloop.core.states import (
-    RunStatus as RunStatus,
-)
-from taskloop.core.states import (
-    Slot as Slot,
-)
-from taskloop.core.states import (
-    State as State,
-)
-from taskloop.core.states import (
-    TaskStatus as TaskStatus,
-)
-from taskloop.core.states import (
-    Termination as Termination,
-)
-from taskloop.core.states import (
-    active_state as active_state,
-)
+from taskloop.core.states import Phase, Slot, State, TaskStatus
 from taskloop.define.tasks import TaskKind
 
 

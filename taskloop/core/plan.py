@@ -9,9 +9,10 @@ from typing import Protocol
 
 from taskloop.base.config import Settings
 from taskloop.core.events import Event
-from taskloop.core.phases import PhaseEvent, Termination
+from taskloop.core.phases import PhaseEvent
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Termination
 from taskloop.define.workflow import Workflow
 
 

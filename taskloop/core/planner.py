@@ -25,20 +25,11 @@ from taskloop.core.begin import Dispatch, budget_caps, counts_attempts
 from taskloop.core.draft import Draft
 from taskloop.core.events import Event
 from taskloop.core.leases import lease_until
-from taskloop.core.phases import (
-    QUEUED_STATES,
-    RUNNING_STATES,
-    EventKind,
-    PhaseEvent,
-    RunStatus,
-    State,
-    TaskStatus,
-    Termination,
-    advance,
-)
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.rules import STOP_PREFIX, ending_reason, termination_for
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import QUEUED_STATES, RUNNING_STATES, RunStatus, State, TaskStatus, Termination
 from taskloop.core.topology import topology_of
 from taskloop.core.transition_events import transition_events
 from taskloop.define.workflow import Workflow

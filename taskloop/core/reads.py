@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from taskloop.core import checks
 from taskloop.core import fields as fld
 from taskloop.core.begin import outcome_fields
-from taskloop.core.phases import Phase
 from taskloop.core.rules import ENDING_FIELDS
+from taskloop.core.states import Phase
 from taskloop.define.workflow import Workflow
 
 # A message older than this (by the clocks of the host that queued it and the one that takes it)

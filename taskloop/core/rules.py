@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from taskloop.base.errors import LoopTaskExhausted, termination_of
 from taskloop.core import fields as fld
-from taskloop.core.phases import TERMINAL_RUN, RunStatus, Termination
 from taskloop.core.records import ErrorRecord, TaskRecord
+from taskloop.core.states import TERMINAL_RUN, RunStatus, Termination
 
 # What decides the final status of a run besides its control flag (read and guarded together).
 OUTCOME_FIELDS = (fld.F_TERMINATION, fld.F_REJECTED, fld.F_STATUS)

@@ -10,8 +10,8 @@ from typing import Any
 
 from taskloop.base.errors import CorruptRecord
 from taskloop.core import fields as fld
-from taskloop.core.phases import RunStatus, Termination
 from taskloop.core.records import ErrorRecord, TaskRecord
+from taskloop.core.states import RunStatus, Termination
 
 Loader = Callable[[list[str]], list[str | None]]
 _TERMINAL = {RunStatus.DONE.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value, RunStatus.REJECTED.value}

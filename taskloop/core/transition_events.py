@@ -16,8 +16,9 @@ from taskloop.base.errors import LoopTaskExhausted
 from taskloop.base.text import cut
 from taskloop.core import events as ev
 from taskloop.core.events import Event
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, State, TaskStatus
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import Phase, State, TaskStatus
 
 EVENT_TEXT_LIMIT = 300  # characters of a feedback quoted in an event (the whole one is in the round data)
 

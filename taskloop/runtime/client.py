@@ -29,10 +29,10 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.events import Event, Observer
 from taskloop.core.limits import Waiter
-from taskloop.core.phases import TERMINAL_RUN, RunStatus, State, TaskStatus
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
+from taskloop.core.states import TERMINAL_RUN, RunStatus, State, TaskStatus
 from taskloop.define.validate import is_text
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime import forking, starting, views, waiting

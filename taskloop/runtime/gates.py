@@ -7,9 +7,9 @@ from __future__ import annotations
 from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
-from taskloop.core.phases import State
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import State
 from taskloop.define.workflow import Workflow
 from taskloop.runtime.commit import MAX_ATTEMPTS, Sender, commit
 from taskloop.store.redis_store import RedisStore

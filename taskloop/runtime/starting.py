@@ -28,10 +28,10 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Index, ended_score
 from taskloop.core.begin import Dispatch
 from taskloop.core.events import Event
-from taskloop.core.phases import QUEUED_STATES, RunStatus
 from taskloop.core.planner import Planner
 from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import QUEUED_STATES, RunStatus
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime import shapes
 from taskloop.runtime.commit import Sender, commit, never, write

@@ -15,9 +15,9 @@ from taskloop.core import events as ev
 from taskloop.core import fields as fld
 from taskloop.core.checks import StoredCheck, decode_given
 from taskloop.core.events import Event
-from taskloop.core.phases import RunStatus, Slot, TaskStatus
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import RunMeta, Snapshot, decode_usage
+from taskloop.core.states import RunStatus, Slot, TaskStatus
 from taskloop.define.tasks import TaskKind
 from taskloop.runtime.models import (
     ErrorInfo,

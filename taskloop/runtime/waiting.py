@@ -13,8 +13,8 @@ from taskloop.base.config import Settings
 from taskloop.base.errors import RunTimeout, StoreUnavailable
 from taskloop.core import events as ev
 from taskloop.core.events import Event, Observer, notify
-from taskloop.core.phases import TERMINAL_RUN
 from taskloop.core.snapshot import RunMeta
+from taskloop.core.states import TERMINAL_RUN
 from taskloop.runtime import views
 from taskloop.runtime.models import RunResult
 from taskloop.store.redis_store import RedisStore

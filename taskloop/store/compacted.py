@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskloop.core import fields as fld
-from taskloop.core.phases import TERMINAL_RUN
+from taskloop.core.states import TERMINAL_RUN
 from taskloop.store import keys as k
 from taskloop.store.calls import wrap
 

@@ -15,7 +15,7 @@ from taskloop.base import clock
 from taskloop.connections import clients
 from taskloop.core import fields as fld
 from taskloop.core.batch import Listed
-from taskloop.core.phases import RunStatus
+from taskloop.core.states import RunStatus
 from taskloop.store import keys as k
 from taskloop.store.calls import wrap
 

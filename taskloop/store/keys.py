@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taskloop.core.batch import Index, Listed
-from taskloop.core.phases import RunStatus
+from taskloop.core.states import RunStatus
 
 PREFIX = "tl"
 

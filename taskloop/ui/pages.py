@@ -9,7 +9,7 @@ from typing import Any
 
 from taskloop.base import clock
 from taskloop.core.events import Event
-from taskloop.core.phases import RunStatus
+from taskloop.core.states import RunStatus
 from taskloop.runtime import shapes, views
 from taskloop.runtime.client import TaskLoop
 from taskloop.runtime.fleet import FleetView, fleet_view

@@ -18,7 +18,7 @@ from celery import Celery, signals
 
 from taskloop.base.config import settings
 from taskloop.base.errors import PoolRefused
-from taskloop.core.phases import Phase
+from taskloop.core.states import Phase
 from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import pools

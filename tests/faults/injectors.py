@@ -46,8 +46,8 @@ import redis
 from taskloop.base.errors import StoreUnavailable, TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core.begin import Dispatch
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import QUEUED_STATES, RUNNING_STATES
 from taskloop.runtime.celery_app import send_phase
 from tests.faults import soak_flows
 from tests.faults.harness import timer

@@ -140,7 +140,7 @@ def test_sigstop_past_the_lease_then_sigcont(cluster: Cluster, size: dict) -> No
 @pytest.mark.parametrize("size", SIZES)
 def test_duplicate_delivery_and_replay_after_commit(cluster: Cluster, size: dict) -> None:
     from taskloop.core.begin import Dispatch
-    from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES
+    from taskloop.core.states import QUEUED_STATES, RUNNING_STATES
     from taskloop.runtime.celery_app import send_phase
 
     assert cluster.client is not None

@@ -16,7 +16,7 @@ import redis
 
 from taskloop.core import fields as fld
 from taskloop.core import reads
-from taskloop.core.phases import Phase
+from taskloop.core.states import Phase
 from taskloop.runtime.client import TaskLoop
 from tests.integration import flows
 from tests.waiting import wait_until

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from taskloop.core.begin import Dispatch
-from taskloop.core.phases import Phase
+from taskloop.core.states import Phase
 from taskloop.ops.embedded import RedisServer, free_port
 from taskloop.runtime.celery_app import send_phase
 from taskloop.runtime.client import TaskLoop

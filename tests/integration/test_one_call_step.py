@@ -13,7 +13,7 @@ import redis
 
 from taskloop.core import fields as fld
 from taskloop.core.begin import Dispatch
-from taskloop.core.phases import Phase, Slot
+from taskloop.core.states import Phase, Slot
 from taskloop.runtime.celery_app import send_phase
 from taskloop.runtime.client import TaskLoop
 from taskloop.worker.execution.deferred import MARK_S

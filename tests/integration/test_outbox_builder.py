@@ -15,7 +15,7 @@ from taskloop.celery_fixes import transport
 from taskloop.celery_fixes.outbox import collect
 from taskloop.core.begin import Dispatch
 from taskloop.core.limits import Waiter
-from taskloop.core.phases import Phase
+from taskloop.core.states import Phase
 from taskloop.define.tasks import define_task
 from taskloop.define.workflow import Workflow
 from taskloop.ops.embedded import RedisServer

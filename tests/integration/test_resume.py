@@ -12,7 +12,7 @@ import taskloop as tl
 from taskloop.base.config import settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import Dispatch
-from taskloop.core.phases import Phase, Slot, TaskStatus
+from taskloop.core.states import Phase, Slot, TaskStatus
 from taskloop.runtime.celery_app import PhaseSender, send_phase
 from taskloop.store import keys as k
 from taskloop.worker.recovery.reconciler import reconcile

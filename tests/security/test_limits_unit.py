@@ -14,9 +14,10 @@ from taskloop.base import limits, text
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core import outcomes
-from taskloop.core.phases import EventKind, Phase, Slot, TaskStatus
+from taskloop.core.phases import EventKind
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, TaskStatus
 from taskloop.define.context import LoopContext, Signal, TaskContext
 from taskloop.define.tasks import TaskKind
 from taskloop.runtime import starting

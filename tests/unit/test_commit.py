@@ -20,10 +20,11 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Index
 from taskloop.core.begin import Dispatch
 from taskloop.core.events import Event
-from taskloop.core.phases import EventKind, PhaseEvent, State
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import State
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import commit as cm

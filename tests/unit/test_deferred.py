@@ -11,9 +11,10 @@ import taskloop as tl
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record, prepared_begin
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.worker.execution import deferred
 from taskloop.worker.execution.deferred import Ready
 

@@ -10,9 +10,9 @@ import pytest
 
 import taskloop as tl
 from taskloop.base import errors
-from taskloop.core.phases import Termination
 from taskloop.core.records import ErrorRecord
 from taskloop.core.rules import termination_for
+from taskloop.core.states import Termination
 
 # raised by taskloop to itself, caught inside (the UI's answer 403, the CLI's one line)
 INTERNAL = {"IllegalTransition", "Superseded", "LimitRefused", "OutboxUnsupported", "UIRefused", "ActionRefused",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from taskloop.core.phases import Phase, Slot, TaskStatus
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import Phase, Slot, TaskStatus
 from taskloop.define.tasks import TaskKind
 from taskloop.runtime.fleet import HEARTBEAT_S, HOLD_MARGIN_S, ONLINE_WITHIN_S, Held, WorkerInfo, holdings, node_of
 from taskloop.worker.liveness.presence import held_message

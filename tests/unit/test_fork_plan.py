@@ -10,7 +10,8 @@ from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record
 from taskloop.core.fork import downstream, plan_fork
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, State, TaskStatus, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
+from taskloop.core.states import Phase, State, TaskStatus
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 2000.0

@@ -18,10 +18,11 @@ from taskloop.base.jsonvalue import dumps
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, Writes
 from taskloop.core.events import Event
-from taskloop.core.phases import EventKind, PhaseEvent, State
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import State
 from taskloop.define.workflow import REGISTRY, Workflow
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")

@@ -12,19 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from taskloop.base.errors import IllegalTransition
-from taskloop.core.phases import (
-    TABLE,
-    EventKind,
-    Phase,
-    PhaseEvent,
-    Slot,
-    State,
-    TaskStatus,
-    active_state,
-    advance,
-    exhausted_error,
-)
+from taskloop.core.phases import TABLE, EventKind, PhaseEvent, advance, exhausted_error
 from taskloop.core.records import ErrorRecord, TaskRecord
+from taskloop.core.states import Phase, Slot, State, TaskStatus, active_state
 
 AT = 1_000.0
 BOOM = ErrorRecord(type="ValueError", message="boom")

@@ -11,7 +11,8 @@ from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core import reads
 from taskloop.core.begin import initial_record, prepared_begin
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
+from taskloop.core.states import Phase
 from taskloop.worker.execution.messages import carried_of
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0", broker_url="redis://127.0.0.1:1/0")

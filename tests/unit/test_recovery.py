@@ -19,10 +19,11 @@ import taskloop as tl
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, State, TaskStatus, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.planner import Planner
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, State, TaskStatus
 from taskloop.define.tasks import TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.worker.recovery import executions as recovery

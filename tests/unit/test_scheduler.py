@@ -11,10 +11,11 @@ import taskloop as tl
 from taskloop.base.config import Settings
 from taskloop.core import fields as fld
 from taskloop.core.begin import initial_record, prepared_begin
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, State, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.planner import Planner
 from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, State
 
 SETTINGS = Settings(redis_url="redis://unused:1/0")
 NOW = 1000.0

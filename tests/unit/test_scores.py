@@ -14,7 +14,8 @@ import taskloop as tl
 from taskloop.base.errors import DefinitionError, InvalidCheckResult
 from taskloop.core import scores
 from taskloop.core.begin import initial_record
-from taskloop.core.phases import EventKind, PhaseEvent, TaskStatus, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
+from taskloop.core.states import TaskStatus
 
 NOW = 1000.0
 

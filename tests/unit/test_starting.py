@@ -16,8 +16,8 @@ from taskloop.base.config import Settings
 from taskloop.base.errors import InvalidInput, RunExists
 from taskloop.base.jsonvalue import canonical
 from taskloop.core import fields as fld
-from taskloop.core.phases import RunStatus, State, Termination
 from taskloop.core.records import ErrorRecord
+from taskloop.core.states import RunStatus, State, Termination
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import starting

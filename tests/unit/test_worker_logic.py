@@ -13,9 +13,10 @@ from taskloop.base.errors import TaskLoopError
 from taskloop.core import fields as fld
 from taskloop.core import outcomes
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import EventKind, Phase, Slot, TaskStatus
+from taskloop.core.phases import EventKind
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, TaskStatus
 from taskloop.worker.execution import cache as caching
 from taskloop.worker.recovery import executions as recovery
 

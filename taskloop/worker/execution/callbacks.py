@@ -22,9 +22,10 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.checks import StoredCheck
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import EventKind, Phase
+from taskloop.core.phases import EventKind
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.define.context import LoopContext, Signal, TaskContext
 from taskloop.define.options import LoopCheck
 from taskloop.define.tasks import Task

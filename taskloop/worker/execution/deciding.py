@@ -14,10 +14,11 @@ from taskloop.base.limits import Caps
 from taskloop.core import fields as fld
 from taskloop.core import outcomes
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import EventKind, Phase, Slot, active_state
+from taskloop.core.phases import EventKind
 from taskloop.core.planner import Planner
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, active_state
 from taskloop.define.context import Signal
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow

@@ -39,10 +39,11 @@ from taskloop.base import clock
 from taskloop.base.errors import CorruptRecord
 from taskloop.core import fields as fld
 from taskloop.core import reads
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, active_state, advance
+from taskloop.core.phases import EventKind, PhaseEvent, advance
 from taskloop.core.records import TaskRecord
 from taskloop.core.rules import control_reason
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, active_state
 from taskloop.define.tasks import Task
 from taskloop.runtime.commit import begin_many
 from taskloop.store.redis_store import RedisStore

@@ -32,9 +32,9 @@ from taskloop.base.errors import CorruptRecord
 from taskloop.connections import clients
 from taskloop.core import fields as fld
 from taskloop.core import reads
-from taskloop.core.phases import Phase
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.define.workflow import Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Sender, begin

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from taskloop.core.phases import EventKind, TaskStatus
+from taskloop.core.phases import EventKind
 from taskloop.core.records import ErrorRecord
+from taskloop.core.states import TaskStatus
 from taskloop.runtime.commit import Committed
 
 

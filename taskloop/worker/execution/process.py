@@ -16,7 +16,8 @@ from celery.exceptions import Reject
 
 from taskloop.base.config import settings
 from taskloop.base.errors import StoreUnavailable
-from taskloop.core.phases import EventKind, Phase
+from taskloop.core.phases import EventKind
+from taskloop.core.states import Phase
 from taskloop.runtime import celery_app as taskloop_app
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution import messages, replies

@@ -17,10 +17,11 @@ from taskloop.core import outcomes
 from taskloop.core.events import Event
 from taskloop.core.limits import LimitOp
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import EventKind, Phase
+from taskloop.core.phases import EventKind
 from taskloop.core.planner import Planner
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.define.context import Signal
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import Workflow

@@ -8,8 +8,8 @@ import logging
 
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
-from taskloop.core.phases import Phase
 from taskloop.core.records import TaskRecord
+from taskloop.core.states import Phase
 from taskloop.ops import metrics
 from taskloop.runtime.commit import write
 from taskloop.store.redis_store import RedisStore

@@ -24,9 +24,10 @@ from typing import Any
 from taskloop.base.limits import Caps
 from taskloop.core import outcomes
 from taskloop.core.outcomes import Outcome
-from taskloop.core.phases import EventKind, Phase
+from taskloop.core.phases import EventKind
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.define.context import Signal, TaskContext
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow

@@ -9,8 +9,8 @@ from taskloop.base import clock
 from taskloop.base.errors import CommitConflict, TaskLoopError, WorkflowNotRegistered
 from taskloop.core import fields as fld
 from taskloop.core.begin import Dispatch
-from taskloop.core.phases import QUEUED_STATES
 from taskloop.core.rules import CANCEL_PREFIX
+from taskloop.core.states import QUEUED_STATES
 from taskloop.define.workflow import REGISTRY
 from taskloop.runtime import starting
 from taskloop.runtime.celery_app import START_TASK

@@ -40,9 +40,9 @@ from taskloop.core.batch import Batch
 from taskloop.core.events import Event
 from taskloop.core.leases import lease_until
 from taskloop.core.limits import LimitOp, Spec, Waiter, limits_tag, spec_of
-from taskloop.core.phases import Slot
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Slot
 from taskloop.define.context import TaskContext
 from taskloop.define.limits import Concurrency
 from taskloop.define.tasks import Task

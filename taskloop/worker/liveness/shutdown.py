@@ -37,9 +37,10 @@ from celery.worker import state as worker_state
 from taskloop.base import clock
 from taskloop.base.errors import Superseded, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import EventKind, Phase, PhaseEvent
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase
 from taskloop.runtime.commit import commit
 from taskloop.worker.execution import process
 from taskloop.worker.execution.executor import Executor

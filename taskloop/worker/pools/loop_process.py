@@ -168,7 +168,7 @@ class LoopProcess:
     async def _handle(self, frame: Any) -> dict[str, str]:
         from celery.exceptions import Reject
 
-        from taskloop.core.phases import Phase
+        from taskloop.core.states import Phase
         from taskloop.worker.execution import messages, process
 
         phase = Phase(frame.task.rpartition(".")[2])

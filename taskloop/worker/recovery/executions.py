@@ -30,10 +30,11 @@ from taskloop.base.errors import (
 from taskloop.core import fields as fld
 from taskloop.core.checks import StoredCheck
 from taskloop.core.leases import own_lease_if_kept
-from taskloop.core.phases import EventKind, Phase, PhaseEvent, Slot, TaskStatus, active_state
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import Phase, Slot, TaskStatus, active_state
 from taskloop.define.tasks import Task, TaskKind
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime.commit import Sender, commit

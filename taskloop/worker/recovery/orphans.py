@@ -29,7 +29,7 @@ from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, RunStatus
+from taskloop.core.states import QUEUED_STATES, RUNNING_STATES, RunStatus
 from taskloop.runtime.celery_app import DISPATCH_TASK, START_TASK
 from taskloop.runtime.commit import Sender
 from taskloop.runtime.fleet import Held, WorkerInfo, holdings, node_of, read_holdings

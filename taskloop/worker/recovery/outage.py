@@ -35,10 +35,11 @@ from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import CommitConflict, CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
+from taskloop.core.states import QUEUED_STATES, RUNNING_STATES
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime.commit import Sender, commit
 from taskloop.store.redis_store import RedisStore

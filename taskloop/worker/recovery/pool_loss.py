@@ -27,7 +27,7 @@ from typing import Any
 from taskloop.base.config import settings
 from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import Phase, Slot, active_state
+from taskloop.core.states import Phase, Slot, active_state
 from taskloop.runtime import celery_app
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution.handled import Handled

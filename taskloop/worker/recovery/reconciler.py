@@ -43,10 +43,11 @@ from taskloop.base.errors import CommitConflict, CorruptRecord, StoreAccessDenie
 from taskloop.core import fields as fld
 from taskloop.core.batch import Batch, is_ended_score
 from taskloop.core.leases import own_lease_if_kept
-from taskloop.core.phases import QUEUED_STATES, RUNNING_STATES, EventKind, PhaseEvent, RunStatus
+from taskloop.core.phases import EventKind, PhaseEvent
 from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
+from taskloop.core.states import QUEUED_STATES, RUNNING_STATES, RunStatus
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops import metrics
 from taskloop.runtime.commit import Sender, commit, write

@@ -19,7 +19,7 @@ from taskloop.base import clock
 from taskloop.base.config import Settings
 from taskloop.base.errors import CorruptRecord, TaskLoopError
 from taskloop.core import fields as fld
-from taskloop.core.phases import QUEUED_STATES
+from taskloop.core.states import QUEUED_STATES
 from taskloop.runtime.commit import Sender
 from taskloop.runtime.fleet import Held, WorkerInfo, holdings, read_holdings
 from taskloop.store.redis_store import RedisStore
