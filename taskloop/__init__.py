@@ -49,6 +49,7 @@ from taskloop.base.errors import (
 
 if TYPE_CHECKING:
     from taskloop.core.events import Event
+    from taskloop.core.streamed import StreamChunk
     from taskloop.define.context import LoopContext, Signal, TaskContext
     from taskloop.define.flow import llm_check, llm_score, loop
     from taskloop.define.graph import define_graph_workflow, step
@@ -89,6 +90,7 @@ _LAZY = {
     "RunSummary": "taskloop.runtime.models",
     "RunView": "taskloop.runtime.models",
     "Signal": "taskloop.define.context",
+    "StreamChunk": "taskloop.core.streamed",
     "Task": "taskloop.define.tasks",
     "TaskContext": "taskloop.define.context",
     "TaskLoop": "taskloop.runtime.client",
@@ -169,6 +171,7 @@ __all__ = [
     "Signal",
     "StoreAccessDenied",
     "StoreUnavailable",
+    "StreamChunk",
     "Task",
     "TaskContext",
     "TaskFailed",

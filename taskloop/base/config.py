@@ -120,6 +120,13 @@ class Settings:
     max_receipt_bytes: int = field(default_factory=lambda: _int(limits.RECEIPT_ENV, limits.DEFAULT_RECEIPT_BYTES))
     # How long a cache entry lives when its Cache has no max_age_ms (seconds; default 30 days).
     cache_ttl_s: int = field(default_factory=lambda: _int("TASKLOOP_CACHE_TTL_S", limits.DEFAULT_CACHE_TTL_S))
+    # ctx.stream (SPEC §13; taskloop/worker/execution/streaming.py): at most this many bytes (UTF-8) of a
+    # phase's live text are streamed (past it the rest is dropped and the drop marked); a run's live text
+    # is kept this long after its last write (the end of its last streaming phase); a process writes
+    # what its phases streamed at most once per flush interval, in one call.
+    stream_max_bytes: int = field(default_factory=lambda: _int(limits.STREAM_ENV, limits.DEFAULT_BYTES))
+    stream_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_STREAM_GRACE_S", 600.0))
+    stream_flush_s: float = field(default_factory=lambda: _float("TASKLOOP_STREAM_FLUSH_S", 0.2))
 
     def __post_init__(self) -> None:
         for name, setting in ((limits.INPUT_ENV, "max_input_bytes"), (limits.OUTPUT_ENV, "max_output_bytes"),
@@ -128,6 +135,11 @@ class Settings:
                               (limits.RECEIPT_ENV, "max_receipt_bytes")):
             limits.check_positive(name, getattr(self, setting), "number of bytes")
         limits.check_positive("TASKLOOP_CACHE_TTL_S", self.cache_ttl_s, "number of seconds")
+        limits.check_positive(limits.STREAM_ENV, self.stream_max_bytes, "number of bytes")
+        for name, seconds in (("TASKLOOP_STREAM_GRACE_S", self.stream_grace_s),
+                              ("TASKLOOP_STREAM_FLUSH_S", self.stream_flush_s)):
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
         if not self.broker_url:
             broker = os.environ.get("TASKLOOP_BROKER_URL") or os.environ.get("TASKLOOP_REDIS_URL")
             if not broker:

@@ -77,6 +77,13 @@ class UsageSink(Protocol):
     def report_once(self, receipt: str, counts: dict[str, int]) -> bool: ...
 
 
+class StreamSink(Protocol):
+    """Where ``ctx.stream`` puts a phase's live text (the worker's buffer,
+    worker/execution/streaming.py): it never blocks on I/O and never raises."""
+
+    def __call__(self, text: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Judgement:
     """A model's answer to a question about a state: what ``until_llm``, ``tl.llm_check`` and
@@ -131,6 +138,7 @@ class TaskContext:
         load_activation: Callable[[], Any] | None = None,
         deadline: float | None = None,
         judge: Judge | None = None,
+        stream: StreamSink | None = None,
     ) -> None:
         self.run_id = run_id
         self.workflow = workflow
@@ -147,6 +155,7 @@ class TaskContext:
         self.deadline = deadline  # epoch seconds by which this round (or try) must end, or None
         self.notes: dict[str, Any] = {}  # recorded with the phase's outcome (e.g. a model's verdict)
         self._judge = judge
+        self._stream = stream
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.workflow}/{self.key} run={self.run_id} attempt={self.attempt}>"
@@ -173,6 +182,19 @@ class TaskContext:
                 f"in after=; add {key!r} to after= of {self.key}"
             )
         return self._load_value(key)
+
+    def stream(self, text: str) -> None:
+        """Append ``text`` to this phase's live output (SPEC §13): ``client.stream``, ``taskloop
+        watch`` and the run page show it as it comes, in order. It never fails the phase: the text
+        is buffered and written a few times a second (with the store unreachable it is dropped and
+        counted), and past ``TASKLOOP_STREAM_MAX_BYTES`` the rest is dropped. The live text is
+        kept a while after the phase ends (``TASKLOOP_STREAM_GRACE_S``); what the callback returns
+        is what is recorded. Outside a phase (a condition, a cache key) it does nothing."""
+        if not isinstance(text, str):
+            raise DefinitionError(f"ctx.stream: text must be a str (a piece of the phase's output), got "
+                                  f"{type(text).__name__}; stream str(value), or the text of it")
+        if text and self._stream is not None:
+            self._stream(text)
 
     def report_usage(self, input: int = 0, cached: int = 0, output: int = 0) -> None:
         """Add token usage to the run's ``result.usage`` (and its token budget)."""

@@ -86,6 +86,14 @@ class _Instruments:
                                     "waited before it started", ["limit"],
                                     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
         self.RESTARTS = Counter("taskloop_worker_restarts", "Celery workers restarted by their supervisor")
+        self.STREAM_WRITES = Counter("taskloop_stream_writes", "Writes of live text (ctx.stream): one call carries "
+                                     "what every phase of a process streamed since the last one")
+        self.STREAM_DROPPED = Counter("taskloop_stream_dropped_chunks", "Texts given to ctx.stream that were "
+                                      "dropped, by reason: unavailable (the store could not be reached), capped "
+                                      "(past TASKLOOP_STREAM_MAX_BYTES), ended (after the phase's outcome)",
+                                      ["reason"])
+        self.STREAM_DROPPED_BYTES = Counter("taskloop_stream_dropped_bytes", "Bytes of live text dropped, by "
+                                            "reason (as taskloop_stream_dropped_chunks)", ["reason"])
 
 
 @functools.cache
@@ -196,6 +204,17 @@ def throttled(limit: str) -> None:
 @_safely
 def waited(limit: str, seconds: float) -> None:
     _m().LIMIT_WAIT.labels(limit).observe(max(seconds, 0.0))
+
+
+@_safely
+def stream_written() -> None:
+    _m().STREAM_WRITES.inc()
+
+
+@_safely
+def stream_dropped(reason: str, chunks: int, size: int) -> None:
+    _m().STREAM_DROPPED.labels(reason).inc(chunks)
+    _m().STREAM_DROPPED_BYTES.labels(reason).inc(size)
 
 
 @_safely

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import Celery
@@ -33,9 +33,10 @@ from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
 from taskloop.core.states import TERMINAL_RUN, RunStatus, State, TaskStatus
+from taskloop.core.streamed import StreamChunk
 from taskloop.define.validate import is_text
 from taskloop.define.workflow import REGISTRY, Workflow
-from taskloop.runtime import forking, starting, views, waiting
+from taskloop.runtime import forking, starting, streaming, views, waiting
 from taskloop.runtime.celery_app import SETTLE_TASK, START_TASK, PhaseSender, make_app
 from taskloop.runtime.commit import commit, write
 from taskloop.runtime.gates import settle_gates
@@ -69,6 +70,9 @@ class RunHandle:
 
     def cancel(self, reason: str = "cancelled", actor: str | None = None) -> CancelResult:
         return self.client.cancel(self.run_id, reason, actor)
+
+    def stream(self, task: str | None = None) -> Iterator[StreamChunk]:
+        return self.client.stream(self.run_id, task)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +229,13 @@ class TaskLoop:
         if not found and self.store.hmget(run_id, [fld.F_WORKFLOW])[0] is None:
             raise RunNotFound(run_id)
         return found
+
+    def stream(self, run_id: str, task: str | None = None, after: str | None = None) -> Iterator[StreamChunk]:
+        """The live text the run's phases stream (``ctx.stream``), as ``StreamChunk``s in order: from
+        the start of what is kept, then as it comes, until the run ends (only ``task``'s, with a
+        task; only what follows chunk id ``after``, with one). A phase executed again (a replay)
+        starts a new segment. The run and the task are checked when the iteration starts."""
+        return streaming.follow(self.store, run_id, task, after)
 
     # control --------------------------------------------------------------------------------
     def cancel(self, run_id: str, reason: str = "cancelled", actor: str | None = None) -> CancelResult:

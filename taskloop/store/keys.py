@@ -11,6 +11,9 @@ share one cluster slot and every script of a run touches a single slot:
 ``tl:{R}:leases``   ZSET    task key -> lease expiry (epoch seconds)
 ``tl:{R}:z``        STRING  a finished run, compacted: its data and events in one record (the
                             hash then keeps only its meta fields; taskloop/store/compacted.py)
+``tl:{R}:stream``   STREAM  the live text its phases stream (``ctx.stream``; taskloop/store/streams.py),
+                            written by workers outside the run scripts, and expiring
+                            ``TASKLOOP_STREAM_GRACE_S`` after its last write
 
 The global keys are indexes: ``tl:runs`` (runs by creation time, for ``taskloop runs``),
 ``tl:live`` (live runs by the time the reconciler should next look at them), ``tl:stats`` (fleet
@@ -72,11 +75,13 @@ class RunKeys:
     end: str
     leases: str
     compact: str
+    stream: str  # the live text of its phases (written outside the scripts)
 
     @classmethod
     def of(cls, run_id: str) -> RunKeys:
         tag = f"{PREFIX}:{{{run_id}}}"
-        return cls(run=tag, events=f"{tag}:events", end=f"{tag}:end", leases=f"{tag}:leases", compact=f"{tag}:z")
+        return cls(run=tag, events=f"{tag}:events", end=f"{tag}:end", leases=f"{tag}:leases", compact=f"{tag}:z",
+                   stream=f"{tag}:stream")
 
     def all(self) -> list[str]:
         """cas.lua's four keys (a compacted run is not written by cas.lua)."""

@@ -1,5 +1,6 @@
 """The Redis store: field reads of a run, the guarded batch write (cas.lua), the prepared begin
-(begin.lua), events, the end marker, and the global indexes (written outside the run scripts)."""
+(begin.lua), events, the end marker, the global indexes (written outside the run scripts), and
+reads of a run's live text (store/streams.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from taskloop.store.limit_store import Admission, Limits, as_number, limit_argv,
 from taskloop.store.running import BeginReply as BeginReply
 from taskloop.store.running import Running
 from taskloop.store.side import Side
+from taskloop.store.streams import Streams
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,7 +100,7 @@ def _first_scan_step(pipe: Any, run: str, match: str, also: Sequence[str]) -> No
     pipe.hscan(run, 0, match=match, count=1000)
 
 
-class RedisStore(Compacted, Indexes, Limits, Running):
+class RedisStore(Compacted, Indexes, Limits, Running, Streams):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (errors.describe)."""
 

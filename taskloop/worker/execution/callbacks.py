@@ -26,7 +26,7 @@ from taskloop.core.phases import EventKind
 from taskloop.core.records import ErrorRecord, TaskRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.core.states import Phase
-from taskloop.define.context import LoopContext, Signal, TaskContext
+from taskloop.define.context import LoopContext, Signal, StreamSink, TaskContext
 from taskloop.define.options import LoopCheck
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
@@ -143,11 +143,12 @@ class Usage:
 
 def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
                   signal: Signal, phase: Phase | None, caps: Caps = DEFAULT_CAPS,
-                  on_tokens: Callable[[int], None] | None = None) -> TaskContext:
+                  on_tokens: Callable[[int], None] | None = None, stream: StreamSink | None = None) -> TaskContext:
     """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0).
     The run input and dependency values are read when the callback first asks for them; the model
     that until_llm, tl.llm_check and tl.llm_score ask is the runtime's (runtime/judge.py).
-    ``on_tokens``: told the tokens each usage report adds (the phase's token rate limits)."""
+    ``on_tokens``: told the tokens each usage report adds (the phase's token rate limits);
+    ``stream``: where ``ctx.stream`` puts the phase's live text (streaming.py)."""
 
     def load_value(dep: str) -> Any:
         snap.ensure([fld.value_field(d) for d in task.after])
@@ -158,7 +159,7 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
         signal=signal, after=task.after, load_value=load_value,
         usage=Usage(store, snap.run_id, task.key, caps.receipt, record.round if phase is not None else 0, on_tokens),
         load_activation=(lambda: snap.json(fld.activation_field(task.key))) if workflow.graph is not None else None,
-        judge=judge,
+        judge=judge, stream=stream,
     )
     if phase is None:
         return TaskContext(attempt=0, idempotency_key=f"{snap.run_id}/{task.key}/prepare", **common)

@@ -36,6 +36,7 @@ from taskloop.worker.execution.callbacks import build_context, call_phase
 from taskloop.worker.execution.deferred import Deferred
 from taskloop.worker.execution.handled import Handled
 from taskloop.worker.execution.recording import Recorder
+from taskloop.worker.execution.streaming import PhaseStream, phase_stream
 from taskloop.worker.limits import limiter
 
 log = logging.getLogger("taskloop.executor")
@@ -59,6 +60,7 @@ class Call:
     deferred: Deferred | None = None
     renew: Callable[[float], None] | None = None  # renews its limit slots with its lease
     on_end: list[Callable[[], None]] = field(default_factory=list)  # run once it is recorded (the executor's)
+    stream: PhaseStream | None = None  # its live text (ctx.stream): written before its outcome is recorded
 
     @property
     def phase(self) -> Phase:
@@ -81,6 +83,8 @@ class Call:
         cycle (its signal's listeners)."""
         hooks, self.on_end = self.on_end, []
         self.signal.forget_listeners()
+        if self.stream is not None:
+            self.stream.end()  # (already ended when its outcome was recorded here)
         for fn in hooks:
             fn()
 
@@ -93,9 +97,10 @@ def make_call(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot,
     signal = Signal()
     held = holding.held if holding is not None else None
     tokens = limiter.token_counter(store, held) if held is not None else None
-    ctx = build_context(store, workflow, task, snap, record, signal, phase, caps, tokens)
+    stream = phase_stream(store.url, snap.run_id, task.key, record.round, phase.value)
+    ctx = build_context(store, workflow, task, snap, record, signal, phase, caps, tokens, stream)
     renew = limiter.slot_renewer(store, held) if held is not None else None
-    return Call(workflow, task, snap, record, signal, ctx, holding, deferred, renew)
+    return Call(workflow, task, snap, record, signal, ctx, holding, deferred, renew, stream=stream)
 
 
 def overrun(call: Call, recorder: Recorder, reason: str) -> Handled:
@@ -103,6 +108,8 @@ def overrun(call: Call, recorder: Recorder, reason: str) -> Handled:
     and in a prefork pool process stop the process."""
     task, record = call.task, call.record
     outcome = outcomes.timeout(task, record) if reason == "timeout" else Outcome(EventKind.CANCEL, cancelled=True)
+    if call.stream is not None:
+        call.stream.end()  # what it streamed so far is written soon; the watcher's thread does not wait
     copy = Snapshot(call.snap.run_id, dict(call.snap.fields),
                     loader=lambda names: recorder.store.hmget(call.snap.run_id, names))
     handled = recorder.record(call.workflow, task, copy, record, outcome, call.signal, deferred=call.deferred)
@@ -116,13 +123,22 @@ def overrun(call: Call, recorder: Recorder, reason: str) -> Handled:
 
 
 def finish(call: Call, recorder: Recorder, outcome: Outcome) -> Handled:
-    """Record what the callback produced, then give back what the phase holds (once)."""
+    """Write the rest of its live text, record what the callback produced, then give back what the
+    phase holds (once)."""
     try:
+        end_stream(call)
         return recorder.record(call.workflow, call.task, call.snap, call.record, outcome, call.signal, call.holding,
                                call.deferred)
     finally:
         recorder.release(call.holding)
         call.end()
+
+
+def end_stream(call: Call) -> None:
+    """The phase's live text is over: the rest is written before its outcome is recorded (the
+    wait is bounded: streaming.END_WAIT_S)."""
+    if call.stream is not None:
+        call.stream.end_and_wait()
 
 
 def call_sync(call: Call, caps: Caps) -> Outcome:

@@ -256,6 +256,8 @@ class LoopProcess:
                 await asyncio.wait([inner])
             outcome = Outcome(EventKind.CANCEL, cancelled=True, reason=call.signal.reason) if inner.cancelled() \
                 else inner.result()
+            if call.stream is not None:  # the rest of its live text is written before its outcome
+                await call.stream.end_awaited()
             recorder = worker.recorder
             recording = recorder.recording(call.workflow, call.task, call.snap, call.record, outcome, call.signal,
                                            call.holding, call.deferred)
