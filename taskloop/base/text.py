@@ -12,6 +12,9 @@ a bidi override makes text read backwards. So:
   The CLI prints it as a ``rich.text.Text``, never as Rich markup (taskloop/cli/display.py).
 - ``page_text(text)``: the same for a web page, which keeps line breaks and tabs (the page's
   template engine escapes HTML; this escapes what HTML would not show: controls, bidi overrides).
+- ``terminal_text(text)``: the same for text a terminal shows as it comes (a phase's live text,
+  ``taskloop watch``): line breaks and tabs stay, a carriage return (which would let the text
+  overwrite its own line) is escaped. It is written as it is, never read as Rich markup.
 - ``log_arg(value)``: a log record's argument, visible and cut to LOG_ARG_CHARS.
 - ``terminal_json(raw)``: JSON text whose strings keep no character a terminal would act on
   (JSON itself escapes only U+0000..U+001F).
@@ -45,19 +48,28 @@ def _escape(char: str) -> str:
     return f"\\U{code:08x}"
 
 
-def visible(text: str) -> str:
-    """``text`` on one line with every non-printable character (but the space) escaped."""
+def _escaped(text: str, kept: str) -> str:
+    """``text`` with every non-printable character but those in ``kept`` escaped."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+    return "".join(c if c.isprintable() or c in kept else _escape(c) for c in text)
+
+
+def visible(text: str) -> str:
+    """``text`` on one line with every non-printable character (but the space) escaped."""
+    return _escaped(text, " ")
 
 
 def page_text(text: str) -> str:
     """``text`` for a web page: like ``visible``, but line breaks and tabs stay (a page shows a
     multi-line feedback or traceback as it is)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in " \n\r\t" else _escape(c) for c in text)
+    return _escaped(text, " \n\r\t")
+
+
+def terminal_text(text: str) -> str:
+    """``text`` for a terminal that shows it as it comes: like ``visible``, but line breaks and tabs
+    stay (a carriage return is escaped: it would let the text overwrite its own line)."""
+    return _escaped(text, " \n\t")
 
 
 def cut(text: str, limit: int = MESSAGE_LIMIT) -> str:

@@ -32,8 +32,8 @@ def cli() -> None:
     """Durable, bounded loop tasks and workflows on Celery + Redis."""
 
 
-for command in (runs.start, runs.inspect, runs.runs, runs.events, runs.cancel, runs.decide, runs.resume, runs.fork,
-                runs.graph,
+for command in (runs.start, runs.inspect, runs.runs, runs.events, runs.watch, runs.cancel, runs.decide, runs.resume,
+                runs.fork, runs.graph,
                 fleet.worker, fleet.reconcile_command, fleet.status, fleet.metrics_command, fleet.demo,
                 fleet.completion, limits.limits, ui.ui):
     cli.add_command(command)

@@ -1,5 +1,5 @@
 """What the command line shows: the live progress of a run, a run's full record, events with
-human timestamps, and results.
+human timestamps, results, and a run's live text (``taskloop watch``).
 
 Every stored string (feedback, outputs, inputs, reasons, versions, error messages, worker names)
 is untrusted: it goes through ``taskloop.base.text.visible`` and is printed as a ``Text`` (or with
@@ -18,9 +18,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taskloop.base.text import cut, preview, visible
+from taskloop.base.text import cut, preview, terminal_text, visible
 from taskloop.core import events as ev
 from taskloop.core.events import Event
+from taskloop.core.streamed import StreamChunk
 from taskloop.runtime.models import RunResult, RunView, TaskView
 
 STATUS_STYLE = {"done": "green", "failed": "red", "rejected": "red", "cancelled": "yellow", "skipped": "dim",
@@ -180,6 +181,40 @@ def _worth_a_line(event: Event) -> bool:
     data = event.data or {}
     return (event.type == ev.PHASE and event.phase == "complete") or event.type == ev.LOST or (
         event.type == ev.TASK and data.get("status") not in (None, "active", "waiting", "paused"))
+
+
+@dataclass
+class LiveText:
+    """A run's live text as ``taskloop watch`` prints it: a heading whenever the phase changes (a
+    later execution of the same phase says it starts over), then its text as it comes (line breaks
+    and tabs kept, every other control escaped: ``terminal_text``), and a note where text was
+    dropped or the phase reached its cap."""
+
+    write: Any  # (text, styled heading?) -> None
+    at_line_start: bool = True
+    phase: tuple[str, int, str, int] | None = None
+    shown: int = 0  # chunks printed
+
+    def __call__(self, chunk: StreamChunk) -> None:
+        self.shown += 1
+        where = (chunk.task, chunk.round, chunk.phase, chunk.segment)
+        if where != self.phase:
+            self.phase = where
+            again = f" · executed again (segment {chunk.segment}): its text starts over" if chunk.replay else ""
+            self.line(f"── {visible(chunk.task)} · round {chunk.round} · {visible(chunk.phase)}{again} ──", True)
+        if chunk.dropped:
+            self.line(f"[… {chunk.dropped:,} bytes of live text dropped here: the store did not take them …]", True)
+        text = terminal_text(chunk.text)
+        if text:
+            self.write(text, False)
+            self.at_line_start = text.endswith("\n")
+        if chunk.capped:
+            self.line("[… the phase reached TASKLOOP_STREAM_MAX_BYTES: the rest is in its recorded output …]", True)
+
+    def line(self, text: str, heading: bool = False) -> None:
+        """A line of this module's own (on a line of its own)."""
+        self.write(("" if self.at_line_start else "\n") + text + "\n", heading)
+        self.at_line_start = True
 
 
 def print_result(console: Console, result: RunResult) -> None:

@@ -1,4 +1,4 @@
-"""Commands about runs: start, inspect, runs, events, cancel, decide, resume, graph."""
+"""Commands about runs: start, inspect, runs, events, watch, cancel, decide, resume, graph."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from taskloop.cli.common import (
     parse_json,
     resolve,
 )
-from taskloop.cli.display import Progress, ago, event_line, iso, plain, print_result, render_run
+from taskloop.cli.display import LiveText, Progress, ago, event_line, iso, plain, print_result, render_run
 from taskloop.core.states import RunStatus
 from taskloop.runtime.models import RunResult
 
@@ -177,6 +177,41 @@ def events(run_id: str, as_json: bool) -> None:
     since = found[0].at if found else None
     for event in found:
         click.echo(terminal_json(event.model_dump_json()) if as_json else event_line(event, since))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--task", default=None, help="Only this task's live text.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per chunk (task, round, phase, text, segment, dropped, capped, id), then "
+                   "the run's status.")
+def watch(run_id: str, task: str | None, as_json: bool) -> None:
+    """Print the live text of a run's phases (what they stream with ctx.stream) as it comes, until the
+    run ends, then its status. RUN_ID may be a unique prefix."""
+    client = make_client()
+    run_id = resolve(client, run_id)
+
+    def write(text: str, heading: bool) -> None:
+        click.echo(click.style(text, bold=True) if heading else text, nl=False)
+
+    shown = LiveText(write)
+    for chunk in client.stream(run_id, task):
+        if as_json:
+            click.echo(terminal_json(json.dumps(chunk.as_json(), ensure_ascii=False)))
+        else:
+            shown(chunk)
+    result = client.result(run_id)
+    assert result is not None  # the live text ends once the run has ended
+    if as_json:
+        click.echo(terminal_json(json.dumps({"run_id": run_id, "status": result.status,
+                                             "termination": result.termination_code})))
+    else:
+        if not shown.shown:
+            shown.line(f"(no live text: the phases of run {visible(run_id)} streamed none, or it expired "
+                       "TASKLOOP_STREAM_GRACE_S after they ended; `taskloop inspect` shows what they recorded)")
+        shown.line("")
+        print_result(console, result)
+    sys.exit(0 if result.status in ("done", "cancelled") else 1)
 
 
 @click.command()

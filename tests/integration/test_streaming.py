@@ -8,13 +8,21 @@
 - with Redis away (a proxy black-holes the worker's connections mid-phase), the phase succeeds with
   its whole output, the text streamed meanwhile is dropped, counted in the worker's metrics and
   marked in the next chunk (its ``dropped`` bytes are exactly the gap);
-- bad arguments get clear errors: an unknown run (RunNotFound), an unknown task, a non-str text.
+- bad arguments get clear errors: an unknown run (RunNotFound), an unknown task, a non-str text;
+- ``taskloop watch`` prints the live text as it comes (piped, on a real terminal, as JSON), ends
+  with the run and its status, and shows hostile text inert: ANSI and OSC escapes, a carriage
+  return, a C1 CSI and a bidi override escaped, Rich markup and HTML as plain text.
 
 Each test has this module's Redis, so that only the workers it starts take its messages.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -27,6 +35,8 @@ import redis
 import taskloop as tl
 from taskloop.ops.embedded import RedisServer, free_port
 from taskloop.runtime.client import TaskLoop
+from tests.conftest import REPO
+from tests.harness import on_terminal
 from tests.integration.flows import recorded
 from tests.proxy import FaultProxy
 from tests.waiting import wait_until
@@ -252,3 +262,80 @@ def test_with_redis_away_the_phase_succeeds_and_the_drop_is_counted_and_marked(
         finally:
             proxy.heal()
             worker.stop()
+
+
+# what a hostile model could stream: colours, an OSC-8 hyperlink ended by BEL, a carriage return and a
+# line clear, a bidi override, a C1 CSI, Rich markup, HTML, and a line break (kept: prose has them)
+HOSTILE = ["plain ", "\x1b[31mred\x1b[0m ", "[red]markup[/red] [link=https://evil.example/]x[/link] ",
+           "<script>alert(1)</script> ", "\x1b]8;;https://evil/\x07link ", "\r\x1b[2Kgone ", "\u202eevil ",
+           "\x9b31m ", "line\nnext "]
+HOSTILE_BYTES = [b"\x1b", b"\x07", b"\r", "\x9b".encode(), "\u202e".encode()]
+
+
+def assert_inert(output: bytes) -> None:
+    for raw in HOSTILE_BYTES:
+        assert raw not in output, f"{raw!r} reached the terminal: {output[-1500:]!r}"
+
+
+def test_watch_prints_the_live_text_inert_as_it_comes_and_ends_with_the_run(
+        start: StartWorker, client: TaskLoop, probe: redis.Redis, redis_server: RedisServer) -> None:
+    start(pool="threads")
+    run = client.start("streamed", {"tokens": HOSTILE, "holds": [4]})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TASKLOOP_REDIS_URL": redis_server.url, "COLUMNS": "200"}
+    watcher = subprocess.Popen([sys.executable, "-m", "taskloop", "watch", run.run_id[:10]], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    output = bytearray()
+
+    def read() -> None:
+        assert watcher.stdout is not None
+        for piece in iter(lambda: watcher.stdout.read1(4096), b""):  # type: ignore[union-attr]
+            output.extend(piece)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # Given the attempt held after four tokens, the watch shows them already (piped: no styles)
+        wait_until(lambda: b"<script>alert(1)</script> " in output or watcher.poll() is not None, 30,
+                   "the first tokens in taskloop watch")
+        assert watcher.poll() is None, watcher.stderr.read()  # type: ignore[union-attr]
+        assert bytes(output).startswith("── write · round 1 · attempt ──\nplain ".encode())
+        go(probe, run.run_id, 4)
+        assert watcher.wait(30) == 0
+    finally:
+        watcher.kill()
+        watcher.wait(10)
+        err = watcher.stderr.read()  # type: ignore[union-attr]
+        watcher.stdout.close()  # type: ignore[union-attr]
+        watcher.stderr.close()  # type: ignore[union-attr]
+    reader.join(5)
+    assert not err, err
+    # Then it ended with the run, its status last, and every hostile byte escaped or shown as text
+    assert_inert(bytes(output))
+    text = bytes(output).decode()
+    assert "\\x1b[31mred\\x1b[0m [red]markup[/red] [link=https://evil.example/]x[/link] <script>" in text
+    assert "\\x1b]8;;https://evil/\\x07link \\r\\x1b[2Kgone \\u202eevil \\x9b31m line\nnext " in text
+    assert "── write · round 1 · check ──\n[review of round 1:" in text
+    assert "[review of round 1: 155 characters]\n\nstatus done\n  write = " in text
+    assert text.endswith('usage {"attempts": 1, "tokens": {"input": 0, "cached": 0, "output": 0}}\n')
+
+    # On a real terminal (colours on), the same text is inert once taskloop's own styles are taken away
+    code, shown = on_terminal(["watch", run.run_id], {**env, "TERM": "xterm-256color", "LINES": "50"})
+    assert code == 0, shown[-2000:]
+    assert b"\x1b]8;" not in shown and b"\x07" not in shown and b"\x1b[31mred" not in shown
+    assert_inert(re.sub(rb"\x1b\[[0-9;]*m", b"", shown).replace(b"\r\n", b"\n"))
+    assert b"[red]markup[/red]" in shown and b"<script>alert(1)</script>" in shown
+
+    # As JSON: one chunk a line, the text whole in it, then the status
+    done = subprocess.run([sys.executable, "-m", "taskloop", "watch", run.run_id, "--json", "--task", "write"],
+                          cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    assert_inert(done.stdout)
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert "".join(c["text"] for c in lines[:-1] if c["phase"] == "attempt") == "".join(HOSTILE)
+    assert lines[-1] == {"run_id": run.run_id, "status": "done", "termination": None}
+
+    # An unknown run: one line, exit 1
+    missing = subprocess.run([sys.executable, "-m", "taskloop", "watch", "no-such-run"], cwd=REPO, env=env,
+                             capture_output=True, timeout=60)
+    assert missing.returncode == 1 and b"Traceback" not in missing.stderr
+    assert missing.stderr.decode().strip().startswith("Error: RunNotFound: run 'no-such-run' not found")
