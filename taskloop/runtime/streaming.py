@@ -65,6 +65,13 @@ def follow(store: RedisStore, run_id: str, task: str | None = None, after: str |
     """The run's live text as chunks, in order, until the run ends (only ``task``'s with a task;
     only the chunks after entry ``after`` with one, numbered as if read from the start). The run,
     the task and ``after`` are checked now (RunNotFound, InvalidInput), before the first chunk."""
+    return (chunk for chunk in follow_idle(store, run_id, task, after, block_s) if chunk is not None)
+
+
+def follow_idle(store: RedisStore, run_id: str, task: str | None = None, after: str | None = None,
+                block_s: float = BLOCK_S) -> Iterator[StreamChunk | None]:
+    """``follow``, and None each time ``block_s`` passed with nothing new (what a server-sent event
+    stream turns into a keep-alive)."""
     names.check_run_id(run_id)
     bound = _order(after) if after is not None else (0, 0)
     if bound is None:
@@ -75,7 +82,7 @@ def follow(store: RedisStore, run_id: str, task: str | None = None, after: str |
 
 
 def _follow(store: RedisStore, run_id: str, task: str | None, bound: tuple[int, int], ended: bool,
-            block_s: float) -> Iterator[StreamChunk]:
+            block_s: float) -> Iterator[StreamChunk | None]:
     segments = Segments()
     last = "0-0"
 
@@ -100,3 +107,5 @@ def _follow(store: RedisStore, run_id: str, task: str | None, bound: tuple[int, 
             if _terminal(store, run_id):
                 yield from chunks(store.stream_entries(run_id, last))
                 return
+        if not entries and not events:
+            yield None

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
 
+import anyio.to_thread
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,9 +47,10 @@ from taskloop.base.errors import (
 )
 from taskloop.base.text import page_text
 from taskloop.core.events import Event
+from taskloop.runtime import streaming
 from taskloop.runtime.client import TaskLoop
 from taskloop.ui import charts, pages, present
-from taskloop.ui.live import Streams, run_stream
+from taskloop.ui.live import Streams, run_stream, text_stream
 from taskloop.ui.present import FILTERS
 from taskloop.ui.rows import Rows
 from taskloop.ui.security import Credentials, Guard, Tokens, cross_site
@@ -123,6 +125,7 @@ def create_app(client: TaskLoop, *, read_only: bool = False, credentials: Creden
         Route("/api/runs", page(api_runs)),
         Route("/api/runs/{run_id}", page(api_run)),
         Route("/api/runs/{run_id}/events", page(api_events)),
+        Route("/api/runs/{run_id}/stream", stream_endpoint(ui)),
         Route("/api/fleet", page(api_fleet)),
         Route("/api/runs/{run_id}/cancel", page(api_cancel), methods=["POST"]),
         Route("/api/runs/{run_id}/resume", page(api_resume), methods=["POST"]),
@@ -181,6 +184,38 @@ def live_endpoint(ui: UI) -> Callable[[Request], Any]:
 
         stream = run_stream(ui.streams, ui.client.store, run_id, after, render)
         return StreamingResponse(stream, media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+    return endpoint
+
+
+def stream_endpoint(ui: UI) -> Callable[[Request], Any]:
+    """``/api/runs/<id>/stream``: the run's live text as server-sent events (``?task=``: one task's;
+    ``?after=`` or ``Last-Event-ID``: after that chunk; ``?text=page``: the text as a page shows it,
+    controls and bidi characters escaped as ``page_text`` does, which the run page asks for). The
+    run and the arguments are checked first: an unknown run is a 404 and a bad argument a 400, as
+    JSON like every /api route."""
+    async def endpoint(request: Request) -> Response:
+        query = request.query_params
+        after = query.get("after") or request.headers.get("last-event-id") or None
+        try:
+            run_id = _run_id(request)
+            if query.get("text", "raw") not in ("raw", "page"):
+                raise InvalidInput("text must be raw (the text as streamed, the default) or page (escaped as the "
+                                   "run page shows it)")
+            found = await anyio.to_thread.run_sync(lambda: streaming.follow_idle(
+                ui.client.store, run_id, query.get("task") or None, after))
+        except TaskLoopError as exc:
+            status, kind = _status_of(exc)
+            return JSONResponse({"error": {"type": kind, "message": str(exc)}}, status_code=status)
+
+        def ended() -> dict[str, object]:
+            result = ui.client.result(run_id)
+            return {"run_id": run_id, "status": result.status if result else None,
+                    "termination": result.termination_code if result else None}
+
+        chunks = found if query.get("text") != "page" else \
+            (replace(c, text=page_text(c.text)) if c is not None else None for c in found)
+        return StreamingResponse(text_stream(ui.streams, chunks, ended), media_type="text/event-stream",
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})
     return endpoint
 
