@@ -2,7 +2,10 @@
 
 It listens on a free loopback port (``ThreadingHTTPServer`` in a thread), records every request (path,
 headers, JSON body) and answers ``POST /v1/chat/completions`` with scripted replies: content and usage, an
-HTTP error status, a malformed body, or a delay (to run past a client's timeout). Nothing leaves loopback.
+HTTP error status, a malformed body, or a delay (to run past a client's timeout). A request with
+``"stream": true`` is answered in the streaming mode: server-sent ``data:`` lines, one chunk per word of the
+content (``token_delay_s`` apart), the usage last when ``stream_options.include_usage`` asks for it, then
+``data: [DONE]``. Nothing leaves loopback.
 
     llm_server = llm_server_fixture()          # in a test module (or conftest): a fixture named llm_server
 
@@ -18,6 +21,7 @@ pass ``TASKLOOP_LLM_BASE_URL=server.base_url`` in their environment).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -33,13 +37,15 @@ PATH = "/v1/chat/completions"
 @dataclass(frozen=True)
 class Reply:
     """One scripted answer. ``status`` other than 200 answers an OpenAI-style error; ``body`` (text) replaces
-    the whole response body (for malformed replies); ``delay_s`` waits before answering."""
+    the whole response body (for malformed replies); ``delay_s`` waits before answering; ``token_delay_s``
+    waits between the chunks of a streamed reply."""
 
     content: str | None = "yes"
     usage: dict[str, Any] | None = None
     status: int = 200
     body: str | None = None
     delay_s: float = 0.0
+    token_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,28 @@ class ChatServer:
                     self._send(reply.status, reply.body)
                 elif reply.status != 200:
                     self._send(reply.status, json.dumps({"error": {"message": "scripted failure", "type": "server"}}))
+                elif isinstance(body, dict) and body.get("stream"):
+                    self._stream(body, reply)
                 else:
                     self._send(200, json.dumps(completion(body, reply)))
+
+            def _stream(self, request: dict[str, Any], reply: Reply) -> None:
+                """The streaming mode: one ``data:`` event per word, then the usage (if asked), then [DONE]
+                (HTTP/1.0: the body ends when the connection closes)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for piece in re.findall(r"\s*\S+\s*", reply.content or ""):
+                    chunk = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": request.get("model"),
+                             "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    if reply.token_delay_s and server._stopping.wait(reply.token_delay_s):
+                        return
+                if (request.get("stream_options") or {}).get("include_usage"):
+                    usage = completion(request, reply)["usage"]
+                    self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
 
             def _send(self, status: int, text: str) -> None:
                 data = text.encode()

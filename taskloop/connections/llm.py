@@ -6,14 +6,19 @@ time) and returns an ``LLMVerdict``. The state is JSON-dumped and cut to ``MAX_S
 head is kept). ``is_affirmative`` is Go Micro's rule (flow/loop.go ``isAffirmative``): strip surrounding
 whitespace, lowercase, and the reply is affirmative when it starts with yes, done, true, complete or finished.
 Retries are the caller's (a Retry policy); the task's timeout and cancellation are the caller's too.
+
+``stream_chat(prompt)`` asks for a reply in the endpoint's streaming mode (``"stream": true``) and yields it
+piece by piece as the server sends it: what a writer passes to ``ctx.stream`` (examples/writer_reviewer.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr
@@ -149,6 +154,43 @@ def _shown(url: str) -> str:
         return url.rpartition("@")[2]
 
 
+class _Call:
+    """One POST to the chat-completions endpoint: its headers, its URL as errors show it, and the
+    errors it can end in (LLMCallFailed, the key never shown)."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        self.config = config
+        self.key = config.api_key.get_secret_value() if config.api_key else ""
+        self.headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        self.url = _shown(config.url)
+
+    def failed(self, problem: str, fix: str, status: int | None = None, retryable: bool = False) -> LLMCallFailed:
+        message = f"LLM call failed: POST {self.url} {problem}; {fix}"
+        return LLMCallFailed(message.replace(self.key, "***") if self.key else message, url=self.url, status=status,
+                             retryable=retryable)
+
+    def unsent(self, exc: Exception, timeout: float) -> LLMCallFailed:
+        """What an httpx error before a reply comes to."""
+        import httpx
+
+        if isinstance(exc, httpx.TimeoutException):
+            return self.failed(f"timed out after {timeout:g}s", "check that the server is up, or pass a longer timeout",
+                               retryable=True)
+        return self.failed(f"failed ({type(exc).__name__}: {exc})",
+                           f"check that an OpenAI-compatible server listens at {ENV_BASE_URL}", retryable=True)
+
+    def refused(self, status: int, text: str) -> LLMCallFailed:
+        """What an HTTP error status comes to."""
+        fix = {401: f"check {ENV_API_KEY}", 403: f"check {ENV_API_KEY}",
+               404: f"check {ENV_BASE_URL} (usually ending in /v1) and {ENV_MODEL}"}.get(status, "see the server's log")
+        return self.failed(f"answered HTTP {status} ({text[:200]!r})", fix, status,
+                           retryable=status == 429 or status >= 500)
+
+    def malformed(self, exc: Exception, text: str, status: int) -> LLMCallFailed:
+        return self.failed(f"returned a malformed reply ({type(exc).__name__}: {exc}; body {text[:200]!r})",
+                           f"check that {ENV_BASE_URL} points at an OpenAI-compatible endpoint", status)
+
+
 def ask(question: str, state: Any, *, config: LLMConfig | None = None, timeout: float = DEFAULT_TIMEOUT_S,
         client: httpx.Client | None = None, max_tokens: int = MAX_REPLY_TOKENS,
         scale: float | None = None) -> LLMVerdict:
@@ -164,44 +206,97 @@ def ask(question: str, state: Any, *, config: LLMConfig | None = None, timeout: 
     else:
         messages = build_messages(question, state, instruction=score_instruction(scale), system=SCORE_PROMPT)
         max_tokens = max(max_tokens, SCORE_REPLY_TOKENS)
-    key = config.api_key.get_secret_value() if config.api_key else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    call = _Call(config)
     payload = {"model": config.model, "messages": [m.model_dump() for m in messages],
                "max_tokens": max_tokens, "temperature": 0}
-    url = _shown(config.url)
-
-    def failed(problem: str, fix: str, status: int | None = None, retryable: bool = False) -> LLMCallFailed:
-        message = f"LLM call failed: POST {url} {problem}; {fix}"
-        return LLMCallFailed(message.replace(key, "***") if key else message, url=url, status=status,
-                             retryable=retryable)
-
     started = time.perf_counter()
     try:
         if client is None:
             with httpx.Client() as own:
-                response = own.post(config.url, json=payload, headers=headers, timeout=timeout)
+                response = own.post(config.url, json=payload, headers=call.headers, timeout=timeout)
         else:
-            response = client.post(config.url, json=payload, headers=headers, timeout=timeout)
-    except httpx.TimeoutException as exc:
-        raise failed(f"timed out after {timeout:g}s", "check that the server is up, or pass a longer timeout",
-                     retryable=True) from exc
+            response = client.post(config.url, json=payload, headers=call.headers, timeout=timeout)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise failed(f"failed ({type(exc).__name__}: {exc})",
-                     f"check that an OpenAI-compatible server listens at {ENV_BASE_URL}", retryable=True) from exc
+        raise call.unsent(exc, timeout) from exc
     latency = time.perf_counter() - started
     status = response.status_code
     if status >= 400:
-        fix = {401: f"check {ENV_API_KEY}", 403: f"check {ENV_API_KEY}",
-               404: f"check {ENV_BASE_URL} (usually ending in /v1) and {ENV_MODEL}"}.get(status, "see the server's log")
-        raise failed(f"answered HTTP {status} ({response.text[:200]!r})", fix, status,
-                     retryable=status == 429 or status >= 500)
+        raise call.refused(status, response.text)
     try:
         body = response.json()
         reply = body["choices"][0]["message"]["content"]
         if not isinstance(reply, str):
             raise TypeError(f"content is {type(reply).__name__}, not a string")
     except (ValueError, LookupError, TypeError) as exc:
-        raise failed(f"returned a malformed reply ({type(exc).__name__}: {exc}; body {response.text[:200]!r})",
-                     f"check that {ENV_BASE_URL} points at an OpenAI-compatible endpoint", status) from exc
+        raise call.malformed(exc, response.text, status) from exc
     return LLMVerdict(question=question, messages=messages, reply=reply, affirmative=is_affirmative(reply),
                       usage=parse_usage(body), model=config.model, latency_s=round(latency, 6))
+
+
+class ChatStream:
+    """A reply streamed token by token (``stream_chat``): iterate it for the pieces of text as the
+    endpoint sends them (``"stream": true``: server-sent ``data:`` lines, ``[DONE]`` last); once it
+    is read, ``usage`` holds what the endpoint reported (``stream_options.include_usage``; zeros
+    when it reports nothing). Iterating it again raises."""
+
+    def __init__(self, messages: list[Message], config: LLMConfig, timeout: float, client: httpx.Client | None,
+                 max_tokens: int) -> None:
+        self.messages = messages
+        self.config = config
+        self.timeout = timeout
+        self.client = client
+        self.max_tokens = max_tokens
+        self.usage = LLMUsage()
+        self._started = False
+
+    def __iter__(self) -> Iterator[str]:
+        import httpx
+
+        if self._started:
+            raise RuntimeError("a ChatStream is read once: call stream_chat again for another reply")
+        self._started = True
+        call = _Call(self.config)
+        payload = {"model": self.config.model, "messages": [m.model_dump() for m in self.messages],
+                   "max_tokens": self.max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            with contextlib.ExitStack() as stack:
+                client = self.client or stack.enter_context(httpx.Client())
+                response = stack.enter_context(client.stream("POST", self.config.url, json=payload,
+                                                             headers=call.headers, timeout=self.timeout))
+                if response.status_code >= 400:
+                    raise call.refused(response.status_code, response.read().decode("utf-8", "replace"))
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank lines between events, comments, event names
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield from self._pieces(call, data, response.status_code)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise call.unsent(exc, self.timeout) from exc
+
+    def _pieces(self, call: _Call, data: str, status: int) -> Iterator[str]:
+        """The text of one ``data:`` line (none for a line that only reports usage)."""
+        try:
+            body = json.loads(data)
+            if body.get("usage"):
+                self.usage = parse_usage(body)
+            for choice in body.get("choices") or ():
+                content = choice.get("delta", {}).get("content")
+                if content is not None and not isinstance(content, str):
+                    raise TypeError(f"delta content is {type(content).__name__}, not a string")
+                if content:
+                    yield content
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise call.malformed(exc, data, status) from exc
+
+
+def stream_chat(prompt: str, *, system: str | None = None, config: LLMConfig | None = None,
+                timeout: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None,
+                max_tokens: int = 1024) -> ChatStream:
+    """Ask the model for a reply to ``prompt`` in its streaming mode: a ``ChatStream`` to iterate for
+    the reply's pieces as they come (what a callback passes to ``ctx.stream``). Raises
+    LLMNotConfigured now, LLMCallFailed while it is read; ``timeout`` bounds connecting and each
+    read (not the whole reply)."""
+    messages = ([Message(role="system", content=system)] if system else []) + [Message(role="user", content=prompt)]
+    return ChatStream(messages, config or LLMConfig.from_env(), timeout, client, max_tokens)

@@ -225,3 +225,49 @@ def test_a_password_in_the_base_url_is_not_shown(llm_server: ChatServer) -> None
     assert "hunter2" not in str(info.value) and "user:" not in str(info.value)
     assert info.value.url == f"{llm_server.base_url}/chat/completions"
     assert llm_server.requests[0].headers["authorization"].startswith("Basic ")  # httpx sends it as basic auth
+
+
+# --- the streaming mode (stream_chat) ------------------------------------------------------------------
+
+
+def test_a_streamed_reply_comes_piece_by_piece_as_the_server_sends_it(llm_server: ChatServer) -> None:
+    # Given a server that streams a reply a word at a time, 50 ms apart, and reports its usage last
+    llm_server.script(Reply("Bounded loops end. They are watched.", token_delay_s=0.05,
+                            usage={"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}))
+    stream = llm.stream_chat("Write about loops.", system="Be brief.", config=config(llm_server))
+    # When it is read
+    arrivals = []
+    for piece in stream:
+        arrivals.append((time.perf_counter(), piece))
+    # Then the pieces come as they are sent (not all at the end), and add up to the reply
+    assert [p for _, p in arrivals] == ["Bounded ", "loops ", "end. ", "They ", "are ", "watched."]
+    assert arrivals[-1][0] - arrivals[0][0] >= 0.2
+    assert stream.usage == llm.LLMUsage(input=12, cached=0, output=6)
+    [request] = llm_server.requests
+    assert request.body["stream"] is True and request.body["stream_options"] == {"include_usage": True}
+    assert request.body["messages"] == [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "Write about loops."}]
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    with pytest.raises(RuntimeError, match="read once"):
+        list(stream)
+
+
+@pytest.mark.parametrize(("reply", "found"), [
+    (Reply(status=500), "answered HTTP 500"),
+    (Reply(body="data: {not json}\n\n"), "returned a malformed reply"),
+    (Reply(body='data: {"choices": [{"delta": {"content": 3}}]}\n\n'), "delta content is int"),
+])
+def test_a_streamed_call_that_fails_is_a_failed_call(llm_server: ChatServer, reply: Reply, found: str) -> None:
+    llm_server.script(reply)
+    with pytest.raises(LLMCallFailed, match=found) as caught:
+        list(llm.stream_chat("Write.", config=config(llm_server)))
+    assert KEY not in str(caught.value)
+
+
+def test_a_streamed_call_to_nowhere_is_a_failed_call() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    where = llm.LLMConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m")
+    with pytest.raises(LLMCallFailed, match="check that an OpenAI-compatible server listens at TASKLOOP_LLM_BASE_URL"):
+        list(llm.stream_chat("Write.", config=where))
