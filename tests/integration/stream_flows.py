@@ -3,8 +3,8 @@ its output token by token with ``ctx.stream`` (sync, and ``async def`` for the a
 can hold at given tokens until the test lets it go on.
 
 The input says what to stream: ``tokens`` (a list of strings) or ``count`` tokens ``w0 w1 ...``,
-``gap_s`` between tokens, ``holds`` (token indexes at which the callback waits for the key
-``test:<run>:go:<index>``), ``rounds`` (the check accepts that round). The callbacks log their
+``gap_s`` between tokens, ``holds`` (token indexes at which the first execution of an attempt
+waits for the key ``test:<run>:go:<index>``), ``rounds`` (the check accepts that round). The callbacks log their
 executions (``calls``) and the tokens they streamed (``streamed``) in the test's Redis:
 ``STREAM_PROBE_URL`` when the workers reach Redis through a proxy, else TASKLOOP_REDIS_URL.
 """
@@ -49,9 +49,13 @@ def _go(ctx: tl.TaskContext, index: int) -> bool:
 
 
 def _begin(ctx: tl.LoopContext) -> tuple[set[int], float, list[str]]:
-    """Log this execution; what to stream: the holds, the gap, the tokens."""
+    """Log this execution; what to stream: the holds (the first execution of a round's attempt
+    only: a replay runs through), the gap, the tokens."""
     note(ctx, "calls", {"round": ctx.round, "phase": ctx.phase, "pid": os.getpid(), "attempt": ctx.attempt})
-    return set(ctx.input.get("holds", ())), float(ctx.input.get("gap_s", 0.0)), tokens(ctx)
+    calls = [json.loads(c) for c in probe().lrange(f"test:{ctx.run_id}:calls", 0, -1)]
+    again = sum(1 for c in calls if c["round"] == ctx.round and c["phase"] == ctx.phase) > 1
+    holds = set() if again else set(ctx.input.get("holds", ()))
+    return holds, float(ctx.input.get("gap_s", 0.0)), tokens(ctx)
 
 
 def write(ctx: tl.LoopContext, feedback: str | None) -> str:

@@ -9,6 +9,10 @@
   its whole output, the text streamed meanwhile is dropped, counted in the worker's metrics and
   marked in the next chunk (its ``dropped`` bytes are exactly the gap);
 - bad arguments get clear errors: an unknown run (RunNotFound), an unknown task, a non-str text;
+- a phase replayed after its pool process was SIGKILLed mid-stream starts a new segment, which
+  readers (``client.stream``, ``taskloop watch``) mark, and whose text is the recorded output;
+- a run's live text is kept while a phase that streamed still runs (past the grace), and expires
+  the grace after its last write (TASKLOOP_STREAM_GRACE_S set short for that test only);
 - ``taskloop watch`` prints the live text as it comes (piped, on a real terminal, as JSON), ends
   with the run and its status, and shows hostile text inert: ANSI and OSC escapes, a carriage
   return, a C1 CSI and a bidi override escaped, Rich markup and HTML as plain text.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -339,3 +344,54 @@ def test_watch_prints_the_live_text_inert_as_it_comes_and_ends_with_the_run(
                              capture_output=True, timeout=60)
     assert missing.returncode == 1 and b"Traceback" not in missing.stderr
     assert missing.stderr.decode().strip().startswith("Error: RunNotFound: run 'no-such-run' not found")
+
+
+def test_a_phase_replayed_after_a_crash_starts_a_new_segment(start: StartWorker, client: TaskLoop,
+                                                             probe: redis.Redis, redis_server: RedisServer) -> None:
+    start(concurrency=1)  # prefork: the main process replays a phase whose pool process died, at once
+    run = client.start("streamed", {"count": 10, "holds": [5]})
+    follower = Follower(client, run.run_id)
+    wait_until(lambda: follower.text(1) == "w0 w1 w2 w3 w4 ", 30, "the first five tokens")
+
+    # When the pool process that streams them is killed mid-phase
+    [first] = recorded(probe, run.run_id, "calls")
+    os.kill(first["pid"], signal.SIGKILL)
+
+    # Then the phase runs again (through, this time), and its text starts again as segment 2
+    result = run.wait(60)
+    assert result.status == "done" and result.values["write"] == "".join(f"w{i} " for i in range(10))
+    chunks = [c for c in follower.ended(60) if c.phase == "attempt"]
+    assert [c["attempt"] for c in recorded(probe, run.run_id, "calls")] == [1, 2]  # the attempt ran twice
+    first_segment = "".join(c.text for c in chunks if c.segment == 1)
+    again = "".join(c.text for c in chunks if c.segment == 2)
+    assert first_segment == "w0 w1 w2 w3 w4 " and again == result.values["write"]
+    assert [c.replay for c in chunks] == [c.segment == 2 for c in chunks] and chunks[-1].replay
+    assert {c.segment for c in chunks} == {1, 2}
+    # and taskloop watch says where it started over
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TASKLOOP_REDIS_URL": redis_server.url}
+    shown = subprocess.run([sys.executable, "-m", "taskloop", "watch", run.run_id], cwd=REPO, env=env,
+                           capture_output=True, timeout=60).stdout.decode()
+    assert ("── write · round 1 · attempt ──\nw0 w1 w2 w3 w4 \n── write · round 1 · attempt · executed again "
+            "(segment 2): its text starts over ──\nw0 w1 ") in shown
+
+
+def test_the_live_text_is_kept_while_its_phase_runs_and_expires_the_grace_after(
+        start: StartWorker, client: TaskLoop, probe: redis.Redis) -> None:
+    # TASKLOOP_STREAM_GRACE_S, short for this test only: the live text expires 1.5 s after its last write
+    start(pool="threads", env={"TASKLOOP_STREAM_GRACE_S": "1.5"})
+    run = client.start("streamed", {"count": 3, "holds": [1]})
+    key = f"tl:{{{run.run_id}}}:stream"
+    wait_until(lambda: probe.exists(key), 30, "the first token's write")
+
+    # Given the attempt quiet (held) for twice the grace after its first token: its live text stays
+    time.sleep(3.0)
+    assert probe.exists(key) and 0 < probe.pttl(key) <= 1500
+    go(probe, run.run_id, 1)
+    assert run.wait(30).status == "done"
+    assert "".join(c.text for c in run.stream() if c.phase == "attempt") == "w0 w1 w2 "
+
+    # Then once the run is over it expires the grace after the last phase's end
+    assert 0 < probe.pttl(key) <= 1500
+    wait_until(lambda: not probe.exists(key), 5, "the live text to expire")
+    assert list(run.stream()) == []
+    assert client.inspect(run.run_id).tasks["write"].rounds[0].output == "w0 w1 w2 "  # what lasts
