@@ -20,7 +20,7 @@ from taskloop.base.errors import InvalidInput, RunNotFound
 from taskloop.base.text import shown
 from taskloop.core import events as ev
 from taskloop.core import fields as fld
-from taskloop.core.phases import RunStatus
+from taskloop.core.states import RunStatus
 from taskloop.core.streamed import Segments, StreamChunk
 from taskloop.store.redis_store import RedisStore
 from taskloop.store.streams import Entry

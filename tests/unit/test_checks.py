@@ -16,7 +16,7 @@ from taskloop.base.jsonvalue import dumps
 from taskloop.core import checks, reads
 from taskloop.core import fields as fld
 from taskloop.core.checks import StoredCheck
-from taskloop.core.phases import Phase
+from taskloop.core.states import Phase
 
 # a score of -0.0 is not lossless JSON (it reads back as 0): the stored form refuses it
 SCORES = st.none() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False).map(
