@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -19,14 +20,21 @@ import taskloop as tl
 
 _client: redis.Redis | None = None
 _client_pid: int | None = None
+_client_lock = threading.Lock()
 
 
 def _redis() -> redis.Redis:
+    """The callbacks' client of the test Redis, one per process. Its pool blocks for a connection:
+    hundreds of threads of one worker record at once (redis-py's default pool refuses a 101st
+    connection with MaxConnectionsError, which would fail the phase that records)."""
     global _client, _client_pid
-    if _client is None or _client_pid != os.getpid():
-        _client = redis.Redis.from_url(os.environ["TASKLOOP_REDIS_URL"], decode_responses=True)
-        _client_pid = os.getpid()
-    return _client
+    with _client_lock:
+        if _client is None or _client_pid != os.getpid():
+            pool = redis.BlockingConnectionPool.from_url(os.environ["TASKLOOP_REDIS_URL"], decode_responses=True,
+                                                         max_connections=64, timeout=30)
+            _client = redis.Redis(connection_pool=pool)
+            _client_pid = os.getpid()
+        return _client
 
 
 def record(ctx: tl.TaskContext, what: str, value: Any) -> None:

@@ -144,7 +144,8 @@ def test_many_loops_in_flight_in_one_process_end_done_each_phase_once(start, cli
     wait_until(lambda: sum(1 for h in handles if calls(probe, h.run_id)) == 200, timeout=30,
                what="every run's first attempt runs")
     for handle in handles:
-        assert handle.wait(timeout=60).status == "done"
+        result = handle.wait(timeout=60)
+        assert result.status == "done", (result, client.inspect(handle.run_id).tasks, worker.log()[-3000:])
     counts = once_each(probe, [h.run_id for h in handles])
     assert len(counts) == 200 * 4 and set(counts.values()) == {1}, counts.most_common(3)
     pids = {c["pid"] for h in handles for c in calls(probe, h.run_id) if c["phase"] == "attempt"}
