@@ -208,7 +208,8 @@ class TaskLoop:
         return views.run_view(self.store, run_id)
 
     def runs(self, status: str | None = None, workflow: str | None = None, limit: int = 50) -> list[RunSummary]:
-        """Recent runs, newest first, optionally filtered by status and workflow name."""
+        """Recent runs, newest first, optionally filtered by status and workflow name: any ``limit``
+        (paged inside, ``run_page`` takes at most 500 at a time)."""
         return views.run_summaries(self.store, status, workflow, limit)
 
     def run_page(self, status: str | None = None, workflow: str | None = None, offset: int = 0, limit: int = 50,

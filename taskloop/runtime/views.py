@@ -156,8 +156,23 @@ def run_view_and_events(store: RedisStore, run_id: str,
 
 def run_summaries(store: RedisStore, status: str | None = None, workflow: str | None = None,
                   limit: int = 50) -> list[RunSummary]:
-    """Recent runs, newest first, optionally filtered by status and workflow name."""
-    return run_page(store, status, workflow, 0, limit).runs
+    """Recent runs, newest first, optionally filtered by status and workflow name: up to ``limit``
+    of them, any number, read a page of at most MAX_PAGE at a time (``run_page``). A run started
+    while it pages shifts the pages: one seen on the page before is not listed twice."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidInput(f"runs: limit must be an integer from 1, got {shown(limit)}")
+    found: list[RunSummary] = []
+    seen: set[str] = set()
+    offset = 0
+    while len(found) < limit:
+        size = min(limit - len(found), MAX_PAGE)
+        page = run_page(store, status, workflow, offset, size)
+        found += [r for r in page.runs if r.run_id not in seen]
+        seen.update(r.run_id for r in page.runs)
+        if not page.more:
+            break
+        offset += size
+    return found[:limit]
 
 
 def run_page(store: RedisStore, status: str | None = None, workflow: str | None = None, offset: int = 0,
