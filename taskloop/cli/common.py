@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
-from taskloop.base import config
+from taskloop.base import config, names
 from taskloop.base.errors import TaskLoopError
 from taskloop.base.text import shown, visible
 from taskloop.worker.supervisor import cannot_import
@@ -69,7 +69,8 @@ def import_modules(modules: tuple[str, ...], find_only: bool = False) -> None:
         sys.path.insert(0, os.getcwd())
     for name in [*modules, *config.settings().imports]:
         if not MODULE_NAME.match(name):
-            raise click.BadParameter(f"{shown(name)} is not a module name (e.g. myapp.workflows)",
+            hint = _module_hint(name) or "e.g. myapp.workflows"
+            raise click.BadParameter(f"{shown(name)} is not a module name ({hint})",
                                      param_hint="'--import' / TASKLOOP_IMPORTS")
         try:
             if not find_only:
@@ -77,7 +78,19 @@ def import_modules(modules: tuple[str, ...], find_only: bool = False) -> None:
             elif importlib.util.find_spec(name) is None:
                 raise ModuleNotFoundError(f"No module named {name!r}")
         except ImportError as exc:
-            raise click.ClickException(cannot_import(name, exc)) from exc
+            hint = _module_hint(name)
+            raise click.ClickException(f"cannot import workflow module {name!r}: {hint}" if hint else
+                                       cannot_import(name, exc)) from exc
+
+
+def _module_hint(name: str) -> str:
+    """What a file name given as a module name should have been: ``myflow.py`` or ``pkg/flows.py``
+    is ``myflow`` or ``pkg.flows``."""
+    if not name.endswith(".py"):
+        return ""
+    module = name[:-3].replace(os.sep, ".").replace("/", ".").strip(".")
+    return f"--import takes a module name, not a file: drop the .py (--import {visible(module)})" if module else ""
+
 
 
 
@@ -108,7 +121,16 @@ def parse_json(option: str, raw: str | None) -> Any:
 
 def resolve(client: TaskLoop, run_id: str) -> str:
     """A run id, or a unique prefix of one (as `taskloop runs` prints them)."""
-    return client.find(run_id)
+    return client.find(cli_run_id(run_id, "RUN_ID"))
+
+
+def cli_run_id(run_id: str, where: str) -> str:
+    """A run id typed on the command line: one that no run can have is refused with a hint for the
+    command line (the client's InvalidInput speaks of Python arguments)."""
+    if not names.is_run_id(run_id):
+        raise click.BadParameter(f"{shown(run_id, 80)} is not a run id ({names.RUN_ID_RULE}); `taskloop runs` "
+                                 "lists the runs, and any unique prefix of an id works", param_hint=where)
+    return run_id
 
 
 @contextmanager

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.live import Live
@@ -18,6 +19,7 @@ from taskloop.cli.common import (
     IMPORT_OPTION,
     JSON_OPTION,
     Seconds,
+    cli_run_id,
     console,
     import_modules,
     make_client,
@@ -29,6 +31,13 @@ from taskloop.core.states import RunStatus
 from taskloop.runtime.models import RunResult
 
 STATUSES = [s.value for s in RunStatus]
+ENDED_WELL = ("done", "cancelled")  # exit code 0 (docs/semantics.md: a cancellation is an ending asked for)
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells count it (128 + SIGINT)
+
+
+def exit_code(status: str) -> int:
+    """A command that waited for a run: 0 when it ended done or cancelled, 1 otherwise."""
+    return 0 if status in ENDED_WELL else 1
 
 
 class ConsumerWatch:
@@ -94,6 +103,40 @@ def wait_with_progress(client: Any, run_id: str, timeout: float | None, quiet: b
             return result
 
 
+def wait_print_exit(client: Any, run_id: str, timeout: float | None, as_json: bool = False,
+                    hint: str = "MODULE") -> NoReturn:
+    """``--wait`` (start, resume, fork): wait with progress, print the result, and exit with
+    ``exit_code``. Ctrl-C ends the waiting, not the run: it says how to follow the run."""
+    try:
+        result = wait_with_progress(client, run_id, timeout, quiet=as_json, hint=hint)
+    except KeyboardInterrupt:
+        shown = visible(run_id)
+        click.echo(f"\nstopped waiting (Ctrl-C); run {shown} goes on without you: follow it to its end with "
+                   f"`taskloop watch {shown}`, see where it is with `taskloop inspect {shown}`, stop it with "
+                   f"`taskloop cancel {shown}`", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if as_json:
+        click.echo(terminal_json(result.model_dump_json(indent=2)))
+    else:
+        print_result(console, result)
+    sys.exit(exit_code(result.status))
+
+
+def check_registered(workflow: str) -> None:
+    """``start --import``: a workflow that the imported modules do not define is refused here, with
+    the nearest names, rather than recorded as a run that fails with WorkflowNotRegistered."""
+    from taskloop.define.workflow import REGISTRY
+
+    known = sorted({name for name, _ in REGISTRY.names()})
+    if workflow in known:
+        return
+    close = difflib.get_close_matches(workflow, known, n=3)
+    guess = f"; did you mean {' or '.join(close)}?" if close else ""
+    listed = f" (they define: {', '.join(known[:20])}{', ...' if len(known) > 20 else ''})" if known else ""
+    raise click.BadParameter(f"{visible(workflow)} is not a workflow of the imported modules{listed}{guess}",
+                             param_hint="'WORKFLOW'")
+
+
 @click.command()
 @click.argument("workflow")
 @IMPORT_OPTION
@@ -110,18 +153,16 @@ def start(workflow: str, imports: tuple[str, ...], input_json: str | None, versi
     """Start a run of WORKFLOW. Without --import the run is started by name: a worker that has
     the workflow plans it."""
     import_modules(imports)
+    if imports:  # the code is at hand: a name it does not define is a typo (without it: started by name)
+        check_registered(workflow)
+    if run_id is not None:
+        cli_run_id(run_id, "'--run-id'")
     client = make_client()
     handle = client.start(workflow, parse_json("--input", input_json), run_id=run_id, version=version)
     if not wait:
         click.echo(handle.run_id)
         return
-    hint = imports[0] if imports else "MODULE"
-    result = wait_with_progress(client, handle.run_id, timeout, quiet=as_json, hint=hint)
-    if as_json:
-        click.echo(terminal_json(result.model_dump_json(indent=2)))
-    else:
-        print_result(console, result)
-    sys.exit(0 if result.status in ("done", "cancelled") else 1)
+    wait_print_exit(client, handle.run_id, timeout, as_json, hint=imports[0] if imports else "MODULE")
 
 
 @click.command()
@@ -211,7 +252,7 @@ def watch(run_id: str, task: str | None, as_json: bool) -> None:
                        "TASKLOOP_STREAM_GRACE_S after they ended; `taskloop inspect` shows what they recorded)")
         shown.line("")
         print_result(console, result)
-    sys.exit(0 if result.status in ("done", "cancelled") else 1)
+    sys.exit(exit_code(result.status))
 
 
 @click.command()
@@ -236,9 +277,7 @@ def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | N
     handle = client.resume(resolve(client, run_id))
     click.echo(f"run {handle.run_id} resumed")
     if wait:
-        result = wait_with_progress(client, handle.run_id, timeout)
-        print_result(console, result)
-        sys.exit(0 if result.status == "done" else 1)
+        wait_print_exit(client, handle.run_id, timeout)
 
 
 @click.command()
@@ -261,9 +300,7 @@ def fork(run_id: str, task: str, round: int, feedback: str | None, new_run_id: s
     handle = client.fork(original, task, round, feedback, new_run_id=new_run_id)
     click.echo(f"run {handle.run_id} forked from {original} at {visible(task)} round {round}")
     if wait:
-        result = wait_with_progress(client, handle.run_id, timeout)
-        print_result(console, result)
-        sys.exit(0 if result.status == "done" else 1)
+        wait_print_exit(client, handle.run_id, timeout)
 
 
 @click.command()

@@ -153,7 +153,7 @@ def calls(draw: st.DrawFn) -> Call:
             run_id = draw(RUN_IDS)
             args += ["--run-id", run_id]
             if not (SPEC_RUN_ID.match(run_id) or run_id in ("<running>", "<waiting>", "<pending>")):
-                words.append("run_id")
+                words.append("--run-id")
         if draw(st.integers(0, 3)) == 0:
             version = draw(TEXT)
             args += ["--version", version]
@@ -245,7 +245,7 @@ def test_start_input_nested_10000_deep_is_a_clear_error_not_a_recursion_error(ru
     (["start", "fuzz-ping", "--version", "\ud800"], "version must be None or a non-empty string"),
     (["start", "bad name"], "workflow must be a workflow or its name"),
     (["reconcile", "--every", "-1"], "'--every': '-1' is not a number of seconds"),
-    (["inspect", "a\ud800b"], "run_id 'a\\ud800b' is invalid"),
+    (["inspect", "a\ud800b"], "'a\\ud800b' is not a run id"),
     (["graph", "x", "-I", ".relative"], "'.relative' is not a module name"),
     (["decide", "fuzz-cli-waiting", "edit", "resume", "--actor", "a", "--value", "1" + "0" * 5_000],
      "JSON that Python cannot read"),

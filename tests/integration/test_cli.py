@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,8 +18,11 @@ from tests.harness import on_terminal
 pytestmark = pytest.mark.usefixtures("workers")
 
 
-def taskloop(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def taskloop(*args: str, env: dict[str, str | None] | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m taskloop ARGS``, piped; ``env`` adds to the environment (a None value removes)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
+    full_env = {name: value for name, value in full_env.items() if value is not None}
     return subprocess.run([sys.executable, "-m", "taskloop", *args], capture_output=True, text=True,
                           env=full_env, cwd=REPO, timeout=timeout)
 
@@ -159,6 +163,7 @@ def test_events_have_human_timestamps_and_cancel_reason_is_recorded() -> None:
     waited = taskloop("start", "sleeper", "--run-id", run_id, "--input", '{"seconds": 30}', "--wait",
                       "--timeout", "30")
     assert "status cancelled (termination aborted)" in waited.stdout
+    assert waited.returncode == 0  # a cancellation is an ending (README, Command line)
     events = taskloop("events", run_id)
     lines = events.stdout.splitlines()
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d +\+0\.000s  run\.started", lines[0])
@@ -237,3 +242,47 @@ def test_the_live_display_in_a_terminal() -> None:
     assert "┃ task" in text and "┃ round" in text and "┃ phase" in text and "grind" in text
     assert "rejected: round 1 is not enough" in text and "accepted" in text
     assert "status done" in text
+
+
+# --- what a new user tripped on (issue 44, part 4) ----------------------------------------------
+
+
+def test_start_with_import_refuses_a_workflow_it_does_not_define_and_records_nothing() -> None:
+    run_id = "cli-typo-" + os.urandom(6).hex()
+    done = taskloop("start", "demoo", "--import", "taskloop.examples.demo", "--run-id", run_id)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "did you mean demo?" in done.stderr and "Traceback" not in done.stderr
+    assert "not found" in taskloop("inspect", run_id).stderr  # no run was recorded
+
+
+def test_command_line_hints_for_an_empty_run_id_and_a_file_given_to_import() -> None:
+    empty = taskloop("inspect", "")
+    assert empty.returncode == 2 and "is not a run id" in empty.stderr and "taskloop runs" in empty.stderr
+    assert "run_id=None" not in empty.stderr  # the client's hint is for Python
+    as_file = taskloop("start", "demo", "--import", "myflow.py")
+    assert as_file.returncode == 1 and "drop the .py (--import myflow)" in as_file.stderr
+    as_path = taskloop("start", "demo", "--import", "pkg/flows.py")
+    assert as_path.returncode == 2 and "drop the .py (--import pkg.flows)" in as_path.stderr
+
+
+def test_ctrl_c_while_waiting_says_the_run_goes_on() -> None:
+    run_id = "cli-ctrl-c-" + os.urandom(6).hex()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    waiting = subprocess.Popen([sys.executable, "-m", "taskloop", "start", "sleeper", "--import",
+                                "tests.integration.flows", "--input", '{"seconds": 30}', "--run-id", run_id,
+                                "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while json.loads(taskloop("inspect", run_id, "--json").stdout or "{}").get("status") != "running":
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.2)
+        time.sleep(1.0)  # the command is waiting
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        taskloop("cancel", run_id)
+    assert waiting.returncode == 130, out + err
+    assert f"run {run_id} goes on" in err and f"taskloop watch {run_id}" in err and "Aborted!" not in err
