@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,8 +26,20 @@ from taskloop.worker.supervisor import cannot_import
 if TYPE_CHECKING:
     from taskloop.runtime.client import TaskLoop
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+PIPED_WIDTH = 100_000  # piped or redirected output: lines as long as they are (nothing wrapped, no column cut)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets Rich's tables and wrapping at its width; a pipe or a file gets whole lines
+    (Rich would wrap them at 80 columns and cut table cells), unless COLUMNS asks for a width."""
+    found = Console(stderr=stderr, highlight=False)
+    if not found.is_terminal and not os.environ.get("COLUMNS"):
+        found = Console(stderr=stderr, highlight=False, width=PIPED_WIDTH, soft_wrap=True)
+    return found
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 IMPORT_OPTION = click.option(
     "--import", "-I", "imports", multiple=True, metavar="MODULE",
@@ -91,6 +104,32 @@ def _module_hint(name: str) -> str:
     module = name[:-3].replace(os.sep, ".").replace("/", ".").strip(".")
     return f"--import takes a module name, not a file: drop the .py (--import {visible(module)})" if module else ""
 
+
+def check_port(host: str, port: int, what: str) -> None:
+    """Refuse, before anything starts, a port that another program (another ``taskloop ui``) listens
+    on: the user picks another with --port (the first free one after it is suggested)."""
+    if _bindable(host, port):
+        return
+    free = next((p for p in range(port + 1, min(port + 50, 65536)) if _bindable(host, p)), None)
+    other = f" (e.g. --port {free})" if free is not None else ""
+    raise click.ClickException(
+        f"port {port} on {host} is taken (another {what} already serves there?); choose another port with "
+        f"--port{other}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.BadParameter(f"cannot resolve {shown(host)} ({exc})", param_hint="'--host'") from None
+    family, kind, proto, _, address = found[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closing socket is no owner
+        try:
+            probe.bind(address)
+        except OSError:
+            return False
+    return True
 
 
 

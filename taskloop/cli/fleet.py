@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import click
 from taskloop.base import config
 from taskloop.base.errors import TaskLoopError
 from taskloop.base.text import visible
-from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, Seconds, console, import_modules
+from taskloop.cli.common import IMPORT_OPTION, JSON_OPTION, Seconds, check_port, console, import_modules
 from taskloop.cli.display import plain, print_result, render_run
 
 
@@ -222,6 +223,8 @@ def demo(workers: int, with_ui: bool, port: int) -> None:
     from taskloop.ops.embedded import RedisServer, spawn_worker, wait_until_ready
     from taskloop.runtime.client import TaskLoop
 
+    if with_ui:  # before the demo runs, not after it
+        check_port("127.0.0.1", port, "taskloop ui or demo --ui")
     server = None
     url = os.environ.get("TASKLOOP_REDIS_URL")
     if not url:
@@ -231,7 +234,9 @@ def demo(workers: int, with_ui: bool, port: int) -> None:
     os.environ["TASKLOOP_REDIS_URL"] = url
     config.reset()
     proc: subprocess.Popen[bytes] | None = None
-    logfile = os.path.join(tempfile.mkdtemp(prefix="taskloop-demo-"), "worker.log")
+    folder = tempfile.mkdtemp(prefix="taskloop-demo-")  # the worker's log: removed at exit unless the demo failed
+    logfile = os.path.join(folder, "worker.log")
+    ended_well = False
     try:
         proc = spawn_worker(url, ["taskloop.examples.demo"], concurrency=workers, loglevel="INFO", logfile=logfile)
         wait_until_ready(proc, logfile)
@@ -243,6 +248,7 @@ def demo(workers: int, with_ui: bool, port: int) -> None:
         render_run(console, client.inspect(handle.run_id))
         if result.status != "done":
             sys.exit(1)
+        ended_well = True
         if with_ui:
             from taskloop.ui.serve import serve
 
@@ -260,6 +266,10 @@ def demo(workers: int, with_ui: bool, port: int) -> None:
                 proc.kill()
         if server is not None:
             server.stop()
+        if ended_well:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            click.echo(f"the worker's log is kept: {logfile}", err=True)
 
 
 @click.command()

@@ -32,6 +32,7 @@ from taskloop.runtime.models import RunResult
 
 STATUSES = [s.value for s in RunStatus]
 ENDED_WELL = ("done", "cancelled")  # exit code 0 (docs/semantics.md: a cancellation is an ending asked for)
+PIPED_COLUMNS = ("run_id", "workflow", "version", "status", "termination", "created")  # `taskloop runs | ...`
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells count it (128 + SIGINT)
 
 
@@ -192,8 +193,10 @@ def runs(status: str | None, workflow: str | None, limit: int, ids: bool, as_jso
         click.echo(terminal_json(json.dumps([r.model_dump() for r in found], indent=2, ensure_ascii=False)))
         return
     if ids or not console.is_terminal:  # one run a line, its fields tab-separated (each escaped: one line)
+        if not ids:  # under a header line; a run that has no termination shows "-", never an empty field
+            click.echo("\t".join(PIPED_COLUMNS))
         for r in found:
-            fields = [r.run_id] if ids else [r.run_id, r.workflow, r.version, r.status, r.termination_code or "",
+            fields = [r.run_id] if ids else [r.run_id, r.workflow, r.version, r.status, r.termination_code or "-",
                                              iso(r.created_at)]
             click.echo("\t".join(visible(f) for f in fields))
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from taskloop.cli.common import IMPORT_OPTION, import_modules
+from taskloop.cli.common import IMPORT_OPTION, check_port, import_modules
 
 
 @click.command(name="ui")
@@ -29,5 +29,8 @@ def ui(imports: tuple[str, ...], host: str, port: int, read_only: bool, allow_un
     from taskloop.ui.serve import serve
 
     import_modules(imports)
-    serve(TaskLoop(), host, port, read_only=read_only, allow_unauthenticated=allow_unauthenticated,
+    check_port(host, port, "taskloop ui or demo --ui")
+    client = TaskLoop()
+    client.run_page(limit=1)  # a Redis that is down or refuses taskloop: said now (its URL without password)
+    serve(client, host, port, read_only=read_only, allow_unauthenticated=allow_unauthenticated,
           max_streams=max_streams, trusted_proxies=trusted_proxies)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,7 +130,10 @@ def test_runs_prints_full_ids_and_any_unique_prefix_works() -> None:
     listed = taskloop("runs", "--ids", "--limit", "500")
     assert run_id in listed.stdout.split()
     piped = taskloop("runs", "--workflow", "spread", "--limit", "500")  # piped: no table, nothing cut
-    assert any(line.startswith(run_id + "\t") for line in piped.stdout.splitlines())
+    lines = piped.stdout.splitlines()
+    assert lines[0] == "run_id\tworkflow\tversion\tstatus\ttermination\tcreated"  # a header line
+    assert any(line.startswith(run_id + "\t") for line in lines)
+    assert all(len(line.split("\t")) == 6 and "" not in line.split("\t") for line in lines)  # no empty field
     prefix = run_id[: len("cli-prefix-") + 5]
     inspected = taskloop("inspect", prefix, "--json")
     assert inspected.returncode == 0, inspected.stderr
@@ -263,6 +267,57 @@ def test_command_line_hints_for_an_empty_run_id_and_a_file_given_to_import() -> 
     assert as_file.returncode == 1 and "drop the .py (--import myflow)" in as_file.stderr
     as_path = taskloop("start", "demo", "--import", "pkg/flows.py")
     assert as_path.returncode == 2 and "drop the .py (--import pkg.flows)" in as_path.stderr
+
+
+def test_help_lists_each_command_with_a_whole_sentence() -> None:
+    from taskloop.cli import SHORT_HELP, cli
+
+    shown = taskloop("--help", env={"COLUMNS": "80"}).stdout
+    assert "..." not in shown.split("Commands:")[1]
+    for name in cli.commands:
+        assert re.search(rf"^  {name} +{re.escape(SHORT_HELP[name])}$", shown, re.MULTILINE), (name, shown)
+        assert SHORT_HELP[name].endswith(".")
+
+
+def test_piped_output_is_neither_wrapped_nor_cut() -> None:
+    pad = "p" * 150
+    run_id = _started("core", "--import", "tests.integration.flows", "--input", json.dumps({"pad": pad}),
+                      "--run-id", "cli-piped-" + os.urandom(6).hex())
+    taskloop("start", "core", "--run-id", run_id, "--input", json.dumps({"pad": pad}), "--wait", "--timeout", "30")
+    shown = taskloop("inspect", run_id, env={"COLUMNS": None}).stdout  # Rich would wrap at 80 columns
+    assert any(pad in line and line.startswith("input ") for line in shown.splitlines()), shown
+    assert re.search(r"│ w[12]@\S+ +│", shown), shown  # worker names whole
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    return held, held.getsockname()[1]
+
+
+def test_ui_and_demo_ui_refuse_a_taken_port_before_they_start() -> None:
+    held, port = _taken_port()
+    with held:
+        ui = taskloop("ui", "--port", str(port), timeout=30)
+        demo = taskloop("demo", "--ui", "--port", str(port), env={"TASKLOOP_REDIS_URL": None}, timeout=30)
+    for done in (ui, demo):
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"port {port} on 127.0.0.1 is taken" in done.stderr and "--port" in done.stderr
+        assert "Errno" not in done.stderr and "Traceback" not in done.stderr
+    assert "embedded redis-server" not in demo.stdout  # the demo did not run
+
+
+def test_ui_says_at_start_that_redis_is_down_without_the_password() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    done = taskloop("ui", "--port", str(port), env={"TASKLOOP_REDIS_URL": "redis://u:s3cret@127.0.0.1:1/0"},
+                    timeout=30)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cannot reach Redis at redis://u:***@127.0.0.1:1/0" in done.stderr and "s3cret" not in done.stderr
+    assert "taskloop ui on" not in done.stdout
 
 
 def test_ctrl_c_while_waiting_says_the_run_goes_on() -> None:
