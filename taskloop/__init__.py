@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from taskloop.base.errors import (
+    ActionTimeout,
     Cancelled,
     CommitConflict,
     ConnectionConfigError,
@@ -125,6 +126,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ActionTimeout",
     "Activation",
     "Budget",
     "Cache",

@@ -127,6 +127,9 @@ class Settings:
     stream_max_bytes: int = field(default_factory=lambda: _int(limits.STREAM_ENV, limits.DEFAULT_BYTES))
     stream_grace_s: float = field(default_factory=lambda: _float("TASKLOOP_STREAM_GRACE_S", 600.0))
     stream_flush_s: float = field(default_factory=lambda: _float("TASKLOOP_STREAM_FLUSH_S", 0.2))
+    # An action asked of a worker by run id (decide, resume, fork without the workflow's code:
+    # taskloop/runtime/acting.py): how long the caller waits for the worker's verdict.
+    act_timeout_s: float = field(default_factory=lambda: _float("TASKLOOP_ACT_TIMEOUT_S", 15.0))
 
     def __post_init__(self) -> None:
         for name, setting in ((limits.INPUT_ENV, "max_input_bytes"), (limits.OUTPUT_ENV, "max_output_bytes"),
@@ -137,7 +140,8 @@ class Settings:
         limits.check_positive("TASKLOOP_CACHE_TTL_S", self.cache_ttl_s, "number of seconds")
         limits.check_positive(limits.STREAM_ENV, self.stream_max_bytes, "number of bytes")
         for name, seconds in (("TASKLOOP_STREAM_GRACE_S", self.stream_grace_s),
-                              ("TASKLOOP_STREAM_FLUSH_S", self.stream_flush_s)):
+                              ("TASKLOOP_STREAM_FLUSH_S", self.stream_flush_s),
+                              ("TASKLOOP_ACT_TIMEOUT_S", self.act_timeout_s)):
             if not 0 < seconds < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
         if not self.broker_url:

@@ -123,6 +123,12 @@ class NotForkable(TaskLoopError):
     """Only a finished run (done, failed, cancelled, rejected) can be forked."""
 
 
+class ActionTimeout(TaskLoopError, TimeoutError):
+    """An action asked of a worker by run id (``client.decide``, ``resume`` or ``fork`` in a process
+    without the workflow's code: runtime/acting.py) got no verdict in time; the message says
+    whether a worker took it, and what to check."""
+
+
 class Cancelled(TaskLoopError):
     """Raised inside a callback by `ctx.signal.raise_if_cancelled()` once its phase is cancelled."""
 
@@ -279,6 +285,24 @@ RECORDED: dict[str, type[TaskLoopError]] = {cls.__name__: cls for cls in (
     InvalidOutput, InvalidCheckResult, CorruptRecord, LoopIterationError, LLMNotConfigured, LLMCallFailed,
     WorkflowNotRegistered, IncompatibleDefinition, GraphRunFailed, GraphLimitReached,
 )}
+
+
+# the errors a worker's verdict on an action asked by run id is raised as in the caller (runtime/acting.py)
+ACTION_ERRORS: dict[str, type[TaskLoopError]] = {cls.__name__: cls for cls in (
+    InvalidInput, IncompatibleDefinition, WorkflowNotRegistered, NotResumable, NotForkable, GateRefused, RunExists,
+    CommitConflict, StoreUnavailable, StoreAccessDenied,
+)}
+
+
+def action_error(type_name: str, message: str) -> TaskLoopError:
+    """The exception a worker's refusal of an action stands for: its own class with the worker's
+    message (RunNotFound too); any other type as TaskLoopError naming it."""
+    if type_name == RunNotFound.__name__:
+        return RunNotFound(message.partition("'")[2].partition("'")[0], message)
+    cls = ACTION_ERRORS.get(type_name)
+    if cls is None:
+        return TaskLoopError(f"{type_name}: {message}" if type_name != TaskLoopError.__name__ else message)
+    return cls(message)
 
 
 def recorded(type_name: str | None) -> type[TaskLoopError] | None:

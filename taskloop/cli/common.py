@@ -44,6 +44,9 @@ err_console = _console(stderr=True)
 IMPORT_OPTION = click.option(
     "--import", "-I", "imports", multiple=True, metavar="MODULE",
     help="Module that defines workflows (repeatable; also TASKLOOP_IMPORTS).")
+REQUEST_OPTION = click.option(
+    "--request-id", default=None, metavar="ID",
+    help="Without --import: the id of the request a worker carries out; the same id again gives the same verdict.")
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 

@@ -18,6 +18,7 @@ from taskloop.base.text import terminal_json, visible
 from taskloop.cli.common import (
     IMPORT_OPTION,
     JSON_OPTION,
+    REQUEST_OPTION,
     Seconds,
     cli_run_id,
     console,
@@ -271,13 +272,15 @@ def cancel(run_id: str, reason: str) -> None:
 @click.command()
 @click.argument("run_id")
 @IMPORT_OPTION
+@REQUEST_OPTION
 @click.option("--wait", is_flag=True, help="Wait for the resumed run to end.")
 @click.option("--timeout", type=Seconds(), default=None, help="With --wait: seconds to wait at most.")
-def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | None) -> None:
-    """Replay the interrupted phases of a failed run. RUN_ID may be a unique prefix."""
+def resume(run_id: str, imports: tuple[str, ...], request_id: str | None, wait: bool, timeout: float | None) -> None:
+    """Replay the interrupted phases of a failed run. RUN_ID may be a unique prefix. Without
+    --import, a worker that has the workflow does it and this command prints its verdict."""
     import_modules(imports)
     client = make_client()
-    handle = client.resume(resolve(client, run_id))
+    handle = client.resume(resolve(client, run_id), request_id=request_id)
     click.echo(f"run {handle.run_id} resumed")
     if wait:
         wait_print_exit(client, handle.run_id, timeout)
@@ -291,16 +294,18 @@ def resume(run_id: str, imports: tuple[str, ...], wait: bool, timeout: float | N
                                                 "for the round before).")
 @click.option("--run-id", "new_run_id", default=None, help="The new run's id (default: a new one).")
 @IMPORT_OPTION
+@REQUEST_OPTION
 @click.option("--wait", is_flag=True, help="Wait for the new run to end.")
 @click.option("--timeout", type=Seconds(), default=None, help="With --wait: seconds to wait at most.")
 def fork(run_id: str, task: str, round: int, feedback: str | None, new_run_id: str | None, imports: tuple[str, ...],
-         wait: bool, timeout: float | None) -> None:
+         request_id: str | None, wait: bool, timeout: float | None) -> None:
     """Start a new run from round ROUND of TASK of a finished run: the rounds before it are copied,
-    ROUND runs again with --feedback. RUN_ID may be a unique prefix."""
+    ROUND runs again with --feedback. RUN_ID may be a unique prefix. Without --import, a worker that
+    has the workflow forks it and this command prints its verdict."""
     import_modules(imports)
     client = make_client()
     original = resolve(client, run_id)
-    handle = client.fork(original, task, round, feedback, new_run_id=new_run_id)
+    handle = client.fork(original, task, round, feedback, new_run_id=new_run_id, request_id=request_id)
     click.echo(f"run {handle.run_id} forked from {original} at {visible(task)} round {round}")
     if wait:
         wait_print_exit(client, handle.run_id, timeout)
@@ -314,12 +319,15 @@ def fork(run_id: str, task: str, round: int, feedback: str | None, new_run_id: s
 @click.option("--reason", default="", help="Why: recorded with the decision.")
 @click.option("--value", "value_json", default=None, metavar="JSON", help="The gate's output as JSON (resume).")
 @IMPORT_OPTION
+@REQUEST_OPTION
 def decide(run_id: str, key: str, action: str, actor: str, reason: str, value_json: str | None,
-           imports: tuple[str, ...]) -> None:
-    """Decide gate KEY of a waiting run: approve, reject, or resume (pause and input gates)."""
+           imports: tuple[str, ...], request_id: str | None) -> None:
+    """Decide gate KEY of a waiting run: approve, reject, or resume (pause and input gates). Without
+    --import, a worker that has the workflow decides it and this command prints its verdict."""
     import_modules(imports)
     client = make_client()
-    view = client.decide(resolve(client, run_id), key, action, actor, reason, parse_json("--value", value_json))
+    view = client.decide(resolve(client, run_id), key, action, actor, reason, parse_json("--value", value_json),
+                         request_id=request_id)
     click.echo(f"run {visible(view.run_id)}: {visible(view.status)}")
 
 

@@ -248,8 +248,8 @@ class Registry:
         where = f"versions {known} are" if known else "no version is"
         raise WorkflowNotRegistered(
             f"workflow {shown(name)}{'' if version is None else f' version {shown(version)}'} is not registered "
-            f"in this process ({where}); import the module that defines it (taskloop worker --import "
-            "MODULE, or TASKLOOP_IMPORTS=MODULE)"
+            f"in this process ({where}); import the module that defines it (--import MODULE on the command, "
+            "e.g. taskloop worker --import MODULE, or TASKLOOP_IMPORTS=MODULE)"
         )
 
     def has(self, name: str, version: str | None = None) -> bool:

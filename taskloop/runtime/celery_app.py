@@ -50,6 +50,7 @@ REQUIRED: dict[str, Any] = {
 START_TASK = "taskloop.start"  # plan a run recorded by name (or start one from any Celery client)
 DISPATCH_TASK = "taskloop.dispatch"  # send the phase messages of many queued tasks of one run
 SETTLE_TASK = "taskloop.settle"  # end what no message will (the paused gates of a cancelled run)
+ACT_TASK = "taskloop.act"  # carry out an action asked by run id (decide, resume, fork: runtime/acting.py)
 
 # A plan that queues more phases than this sends the rest through DISPATCH_TASK messages of
 # FANOUT_CHUNK tasks each, so that workers send them in parallel (and start() stays fast).

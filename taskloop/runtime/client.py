@@ -11,14 +11,11 @@ from typing import Any
 
 from celery import Celery
 
-from taskloop.base import clock, limits, names
+from taskloop.base import clock, names
 from taskloop.base.config import Settings, settings
 from taskloop.base.errors import (
     DefinitionError,
-    GateRefused,
-    IncompatibleDefinition,
     InvalidInput,
-    NotResumable,
     RunNotFound,
 )
 from taskloop.base.jsonvalue import text_problem
@@ -29,19 +26,18 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.events import Event, Observer
 from taskloop.core.limits import Waiter
-from taskloop.core.planner import Planner
 from taskloop.core.rules import CANCEL_PREFIX
-from taskloop.core.snapshot import RunMeta, Snapshot
-from taskloop.core.states import TERMINAL_RUN, RunStatus, State, TaskStatus
+from taskloop.core.snapshot import RunMeta
+from taskloop.core.states import TERMINAL_RUN, RunStatus
 from taskloop.core.streamed import StreamChunk
 from taskloop.define.validate import is_text
 from taskloop.define.workflow import REGISTRY, Workflow
-from taskloop.runtime import forking, starting, streaming, views, waiting
+from taskloop.runtime import acting, actions, forking, starting, streaming, views, waiting
 from taskloop.runtime.celery_app import SETTLE_TASK, START_TASK, PhaseSender, make_app
-from taskloop.runtime.commit import commit, write
+from taskloop.runtime.commit import write
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.models import RunPage, RunResult, RunSummary, RunView
-from taskloop.store.redis_store import Applied, Conflict, RedisStore
+from taskloop.store.redis_store import Applied, RedisStore
 
 log = logging.getLogger("taskloop.runtime.client")
 _TERMINAL = {s.value for s in TERMINAL_RUN}
@@ -291,96 +287,55 @@ class TaskLoop:
         settle_gates(self.store, self.settings, self.send, REGISTRY.get(meta.workflow, meta.version or None), run_id)
 
     def fork(self, run_id: str, task: str, round: int, feedback: str | None = None, *,
-             new_run_id: str | None = None, actor: str | None = None) -> RunHandle:
+             new_run_id: str | None = None, actor: str | None = None, request_id: str | None = None) -> RunHandle:
         """A new run of the same workflow, version and input, from ``round`` of ``task`` (SPEC §9):
         the tasks not downstream of ``task`` keep their values, ``task`` keeps rounds 1..round-1
         and starts round ``round`` with ``feedback`` (default: the feedback recorded for round - 1),
         and what is downstream runs again. The original is never changed. Only a finished run
         forks (NotForkable); the definition must be the one the run was started with. ``actor``:
-        who forked it (in the new run's ``run.started`` event)."""
-        return RunHandle(self, forking.fork(self.store, self.send, self.settings, run_id, task, round, feedback,
-                                            new_run_id, _actor("fork", actor)))
+        who forked it (in the new run's ``run.started`` event). Without the workflow's code here, a
+        worker forks it (runtime/acting.py; ``request_id``: asked again, the same fork)."""
+        actor = _actor("fork", actor)
+        meta = self._meta(run_id)
+        if REGISTRY.has(meta.workflow, meta.version or None):
+            return RunHandle(self, forking.fork(self.store, self.send, self.settings, run_id, task, round, feedback,
+                                                new_run_id, actor))
+        request = acting.request_id_of("fork", request_id)
+        if new_run_id is not None:
+            starting.new_run_id(new_run_id)
+        return RunHandle(self, self._ask(meta, request, action="fork", run_id=run_id, actor=actor, task=task,
+                                         round=round, feedback=feedback,
+                                         new_run_id=new_run_id or acting.fork_run_id(request)))
 
-    def resume(self, run_id: str, actor: str | None = None) -> RunHandle:
+    def resume(self, run_id: str, actor: str | None = None, *, request_id: str | None = None) -> RunHandle:
         """Replay the interrupted phases of a run that failed on a callback error (or a timeout, or a
         lost worker). Exhausted loops stay exhausted; a changed definition is refused. ``actor``:
-        who resumed it (recorded in the ``run.resumed`` event)."""
+        who resumed it (recorded in the ``run.resumed`` event). Without the workflow's code here, a
+        worker resumes it (runtime/acting.py)."""
         actor = _actor("resume", actor)
         meta = self._meta(run_id)
-        if meta.stored_status != RunStatus.FAILED.value:
-            raise NotResumable(f"run {run_id} is {meta.status.value}; only a failed run can be resumed")
-        wf = REGISTRY.get(meta.workflow, meta.version)
-        if meta.fingerprint != wf.fingerprint:
-            raise IncompatibleDefinition(
-                f"run {run_id} was started with another definition of workflow {wf.name} v{wf.version} "
-                f"(fingerprint {meta.fingerprint}, this process has {wf.fingerprint}); a run resumes only "
-                "under the definition it started with: restore it, or start a new run"
-            )
-        self.store.expand(run_id)  # a compacted run is written like a live one again (store/compacted.py)
+        if REGISTRY.has(meta.workflow, meta.version or None):
+            actions.resume(self.store, self.send, self.settings, run_id, actor)
+            return RunHandle(self, run_id)
+        request = acting.request_id_of("resume", request_id)
+        return RunHandle(self, self._ask(meta, request, action="resume", run_id=run_id, actor=actor))
 
-        def plan(view: Snapshot) -> Planner:
-            if view.get(fld.F_STATUS) != RunStatus.FAILED.value:
-                raise NotResumable(f"run {run_id} is no longer failed")
-            planner = Planner(wf, view, clock.now(), self.settings)
-            keys = planner.record_keys()
-            view.ensure([fld.task_field(key) for key in keys])
-            failed = [r for r in (view.record(key) for key in keys) if r and r.status is TaskStatus.FAILED]
-            replayable = {r.key for r in failed if r.error is None or r.error.resumable}
-            if not replayable:
-                why = "; ".join(f"task {r.key}: {r.error.message if r.error else 'failed'}" for r in failed)
-                raise NotResumable(
-                    f"run {run_id} has nothing to resume ({why}): an exhausted loop stays exhausted and a "
-                    "spent budget stays spent; start a new run instead"
-                )
-            planner.resume(replayable, actor)
-            return planner
-
-        def expand_again(conflict: Conflict) -> bool:
-            # the reconciler may compact the run between the expand above and this write (a failed run
-            # it has just forgotten): every guard then fails on the hash it rewrote, so expand again
-            self.store.expand(run_id)
-            return True
-
-        commit(self.store, plan, self.store.snapshot(run_id, [fld.F_STATUS, fld.F_CONTROL]), self.send,
-               retry=expand_again)
-        return RunHandle(self, run_id)
-
-    def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None) -> RunView:
-        """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input)."""
-        if action not in ("approve", "reject", "resume"):
-            raise GateRefused(f"decide: action must be 'approve', 'reject' or 'resume', got {action!r}")
-        if not isinstance(key, str):
-            raise GateRefused(f"decide: key must be the key of a gate (a str), got {shown(key)}")
-        for what, text in (("actor", actor), ("reason", reason)):
-            if not isinstance(text, str) or text_problem(text):
-                raise InvalidInput(f"decide: {what} must be a string, got {shown(text)}")
-        value_raw = limits.require_storable(value, "gate value", self.settings.max_gate_value_bytes,
-                                            limits.GATE_VALUE_ENV, "$.value", sized=f"the value for gate {key}")
-        reason, actor = cut(reason, 500), cut(actor, 200)  # recorded in the gate event
+    def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None, *,
+               request_id: str | None = None) -> RunView:
+        """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input).
+        Without the workflow's code here, a worker decides it (runtime/acting.py)."""
+        actor, reason, value_raw = actions.check_decision(self.settings, key, action, actor, reason, value)
         meta = self._meta(run_id)
-        wf = REGISTRY.get(meta.workflow, meta.version)
-        gate = wf.lookup(key)
-        if gate is None or not gate.is_gate:
-            what = f"a {gate.kind.value}" if gate else "not a task of this workflow"
-            raise GateRefused(f"decide: {key} is {what}, not a gate; gates: {list(wf.gates)}")
-        if gate.actors and actor not in gate.actors:
-            raise GateRefused(f"decide: actor {actor!r} may not decide gate {key}; allowed: {list(gate.actors)}")
-        if action == "resume" and gate.gate_kind == "approval":
-            raise GateRefused(f"decide: gate {key} is an approval gate; use approve or reject")
-
-        def plan(view: Snapshot) -> Planner:
-            record = view.record(key)
-            if record is None or record.state is not State.PAUSED:
-                status = record.status.value if record else "missing"
-                raise GateRefused(f"decide: gate {key} is not waiting for a decision (status {status})")
-            now = clock.now()
-            planner = Planner(wf, view, now, self.settings)
-            gate_event = Event(type="gate", key=key, phase=action, at=now, data={"actor": actor, "reason": reason})
-            planner.decide(key, action != "reject", value_raw, gate_event)
-            return planner
-
-        commit(self.store, plan, self.store.snapshot(run_id, [fld.task_field(key), fld.F_CONTROL]), self.send)
+        if REGISTRY.has(meta.workflow, meta.version or None):
+            actions.decide(self.store, self.send, self.settings, run_id, key, action, actor, reason, value_raw)
+        else:
+            self._ask(meta, acting.request_id_of("decide", request_id), action="decide", run_id=run_id,
+                      actor=actor, key=key, gate_action=action, reason=reason, value=value_raw)
         return self.inspect(run_id)
+
+    def _ask(self, meta: RunMeta, request_id: str, **body: Any) -> str:
+        """Ask a worker that has the workflow's code to act (runtime/acting.py): the run it acted on."""
+        return acting.ask(self.store, self.app, self.settings, meta.workflow, body, request_id)
 
 
 def _actor(action: str, actor: object) -> str | None:

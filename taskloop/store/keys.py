@@ -15,6 +15,10 @@ share one cluster slot and every script of a run touches a single slot:
                             written by workers outside the run scripts, and expiring
                             ``TASKLOOP_STREAM_GRACE_S`` after its last write
 
+An action asked of a worker by run id has two short-lived keys of its own, tagged with its
+request id: ``tl:act:{Q}`` (HASH: the request, who took it, the verdict) and ``tl:act:{Q}:reply``
+(LIST: the verdict, for its caller's BLPOP); taskloop/store/requests.py.
+
 The global keys are indexes: ``tl:runs`` (runs by creation time, for ``taskloop runs``),
 ``tl:live`` (live runs by the time the reconciler should next look at them), ``tl:stats`` (fleet
 counters), ``tl:workers`` (each worker's last heartbeat), and the reconciler's lock, last report
@@ -90,6 +94,13 @@ class RunKeys:
     def with_compact(self) -> list[str]:
         """compact.lua's and expand.lua's five keys."""
         return [*self.all(), self.compact]
+
+
+def request_keys(request_id: str) -> tuple[str, str]:
+    """An action asked of a worker by run id (runtime/acting.py): its HASH (the request's body, who
+    took it, the verdict) and the LIST its caller blocks on for the verdict; one slot."""
+    tag = f"{PREFIX}:act:{{{request_id}}}"
+    return tag, f"{tag}:reply"
 
 
 INDEX_KEYS = {Index.LIVE: LIVE_INDEX}  # the global indexes a write adds runs to

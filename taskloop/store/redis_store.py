@@ -25,6 +25,7 @@ from taskloop.store.calls import wrap
 from taskloop.store.compacted import Compacted
 from taskloop.store.indexes import Indexes
 from taskloop.store.limit_store import Admission, Limits, as_number, limit_argv, limit_keys
+from taskloop.store.requests import Requests
 from taskloop.store.running import BeginReply as BeginReply
 from taskloop.store.running import Running
 from taskloop.store.side import Side
@@ -100,7 +101,7 @@ def _first_scan_step(pipe: Any, run: str, match: str, also: Sequence[str]) -> No
     pipe.hscan(run, 0, match=match, count=1000)
 
 
-class RedisStore(Compacted, Indexes, Limits, Running, Streams):
+class RedisStore(Compacted, Indexes, Limits, Requests, Running, Streams):
     """Talks to Redis for one process. Every failure to reach Redis becomes StoreUnavailable, a refusal
     of its credentials or ACL StoreAccessDenied (errors.describe)."""
 
@@ -121,7 +122,7 @@ class RedisStore(Compacted, Indexes, Limits, Running, Streams):
         self._side: Side | None = None  # for writes whose replies are read later (note_later)
         self._scripts = {name: _Script(load_script(name))
                          for name in ("cas", "cas_limits", "begin", "limits", "compact", "expand", "unnote",
-                                                                 "renew")}
+                                                                 "renew", "request")}
 
 
     @wrap

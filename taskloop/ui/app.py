@@ -4,8 +4,10 @@ the actions as POSTs. ``create_app`` builds it over a client; ``taskloop ui`` se
 (taskloop/ui/serve.py). Routes, and what each one reads, are listed in docs/ui.md.
 
 Every read goes through the client's read API; the only writes are the client's actions
-(cancel, resume, decide), each recorded with its actor: the authenticated user, or, without
-auth, the name given in the form (default ``ui``)."""
+(cancel, resume, decide, fork), each recorded with its actor: the authenticated user, or, without
+auth, the name given in the form (default ``ui``). A UI without the workflows' code has a worker
+carry them out (runtime/acting.py): its refusals come back as the same errors, and no worker in
+time is ActionTimeout (504)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from taskloop.base import names
 from taskloop.base.errors import (
     ActionRefused,
+    ActionTimeout,
     GateRefused,
     IncompatibleDefinition,
     InvalidInput,
@@ -295,7 +298,7 @@ def _form_action(handler: Callable[[UI, Request, dict[str, Any], str], str],
         except ActionRefused as exc:
             return ui.render("error.html", request, status=exc.status, title="Refused", message=str(exc))
         except (InvalidInput, GateRefused, NotResumable, NotForkable, IncompatibleDefinition,
-                WorkflowNotRegistered, RunExists) as exc:
+                WorkflowNotRegistered, RunExists, ActionTimeout) as exc:
             return run_page(ui, request, notice=f"{type(exc).__name__}: {exc}", status=_status_of(exc)[0])
         if target is not None:
             return RedirectResponse(target(request, done), status_code=303)
@@ -408,6 +411,8 @@ def _status_of(exc: TaskLoopError) -> tuple[int, str]:
         return 503, "StoreUnavailable"
     if isinstance(exc, InvalidInput):
         return 400, "InvalidInput"
+    if isinstance(exc, ActionTimeout):  # no worker with the workflow's code answered (runtime/acting.py)
+        return 504, "ActionTimeout"
     return 409, type(exc).__name__
 
 

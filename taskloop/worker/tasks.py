@@ -4,7 +4,8 @@ and return its reply (replies.py).
 ``taskloop.attempt``, ``taskloop.check`` and ``taskloop.run`` execute phases (sent with a shadow
 name ``<workflow>.<key>.<phase>``); ``taskloop.start`` plans a run recorded by name (or starts one
 from any Celery client); ``taskloop.dispatch`` sends the messages of many queued phases of one run;
-``taskloop.settle`` ends the paused gates of a cancelled run; ``taskloop.reconcile`` is one
+``taskloop.settle`` ends the paused gates of a cancelled run; ``taskloop.act`` carries out an action
+asked by run id (decide, resume, fork from a process without the workflow's code); ``taskloop.reconcile`` is one
 reconcile pass (beat).
 """
 
@@ -90,6 +91,11 @@ def register(app: Celery) -> None:
             return message
         worker = executor(app, self.request.hostname or "worker")
         return starter.handle_settle(worker, message.run_id)
+
+    @app.task(name=taskloop_app.ACT_TASK, **options)
+    def act(self: Any, *args: Any, **kwargs: Any) -> str:
+        """Carry out an action asked by run id (args: request_id): decide, resume or fork."""
+        return starter.handle_act(executor(app, self.request.hostname or "worker"), args, kwargs)
 
     @signals.worker_init.connect(weak=False)
     def check_pool(sender: Any = None, **_: Any) -> None:

@@ -36,11 +36,12 @@ def chromium_path() -> str | None:
 class UIServer:
     """One `taskloop ui` process."""
 
-    def __init__(self, redis_url: str, logfile: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, redis_url: str, logfile: Path, *args: str, env: dict[str, str] | None = None,
+                 modules: tuple[str, ...] = UI_IMPORTS) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logfile = logfile
-        imports = [arg for module in UI_IMPORTS for arg in ("--import", module)]
+        imports = [arg for module in modules for arg in ("--import", module)]
         self.log = logfile.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "taskloop", "ui", "--port", str(self.port), *imports, *args],

@@ -21,9 +21,9 @@ log = logging.getLogger("taskloop.messages")
 M = TypeVar("M", bound=BaseModel)
 
 
-def _run_id(value: str) -> str:
+def _run_id(value: str, what: str = "run_id") -> str:
     if not names.is_run_id(value):
-        raise ValueError(f"run_id must be {names.RUN_ID_RULE}")
+        raise ValueError(f"{what} must be {names.RUN_ID_RULE}")
     return value
 
 
@@ -82,6 +82,18 @@ class RunMessage(BaseModel):
     @classmethod
     def _check_run(cls, value: str) -> str:
         return _run_id(value)
+
+
+class RequestMessage(BaseModel):
+    """``taskloop.act``: the id of an action asked by run id (its request is in Redis)."""
+
+    model_config = ConfigDict(frozen=True)
+    request_id: StrictStr
+
+    @field_validator("request_id")
+    @classmethod
+    def _check_request(cls, value: str) -> str:
+        return _run_id(value, "request_id")
 
 
 class StartMessage(BaseModel):

@@ -1,4 +1,5 @@
-"""The worker side of starting, fanning out and settling runs (the non-phase tasks)."""
+"""The worker side of starting, fanning out and settling runs, and of actions asked by run id (the
+non-phase tasks)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from taskloop.core.begin import Dispatch
 from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.states import QUEUED_STATES
 from taskloop.define.workflow import REGISTRY
-from taskloop.runtime import starting
-from taskloop.runtime.celery_app import START_TASK
+from taskloop.runtime import acting, starting
+from taskloop.runtime.celery_app import ACT_TASK, START_TASK
 from taskloop.runtime.gates import settle_gates
 from taskloop.worker.execution import messages
 from taskloop.worker.execution.executor import Executor
@@ -47,6 +48,15 @@ def handle_start(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
         return f"refused: {type(exc).__name__}"
     log.info("run %s of %s started from a taskloop.start message", started.run_id, message.workflow)
     return "started" if started.created else "exists"
+
+
+def handle_act(worker: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``taskloop.act``: carry out an action asked by run id (runtime/acting.py); one positional
+    arg, the request's id (a malformed message is refused: messages.py)."""
+    message = messages.read(messages.RequestMessage, ACT_TASK, args, kwargs, ("request_id",))
+    if isinstance(message, str):
+        return message
+    return acting.carry_out(worker.store, worker.send, worker.settings, message.request_id, worker.worker)
 
 
 def handle_fanout(worker: Executor, run_id: str, keys: list[str]) -> str:
