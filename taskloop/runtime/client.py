@@ -301,6 +301,8 @@ class TaskLoop:
             return RunHandle(self, forking.fork(self.store, self.send, self.settings, run_id, task, round, feedback,
                                                 new_run_id, actor))
         request = acting.request_id_of("fork", request_id)
+        forking.check_shape(task, round)  # what the worker checks with the code is its verdict
+        forking.check_feedback(feedback, self.settings)
         if new_run_id is not None:
             starting.new_run_id(new_run_id)
         return RunHandle(self, self._ask(meta, request, action="fork", run_id=run_id, actor=actor, task=task,

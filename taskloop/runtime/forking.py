@@ -48,7 +48,7 @@ def fork(store: RedisStore, send: Sender, settings: Settings, run_id: str, task:
             f"(fingerprint {meta.fingerprint}, this process has {workflow.fingerprint}); a fork replays rounds under "
             "the definition they were recorded with: restore it, or start a new run")
     _check_task_and_round(workflow, fields, run_id, task, round)
-    feedback_raw = _feedback(feedback, settings)
+    feedback_raw = check_feedback(feedback, settings)
     new = new_run_id(new_id)
     shapes.publish(store, workflow, settings)
     planning = forks.plan_graph_fork if workflow.graph is not None else forks.plan_fork
@@ -63,10 +63,17 @@ def fork(store: RedisStore, send: Sender, settings: Settings, run_id: str, task:
     return new
 
 
-def _check_task_and_round(workflow: Workflow, fields: dict[str, str | None], run_id: str, task: Any,
-                          round: Any) -> None:
+def check_shape(task: Any, round: Any) -> None:
+    """What a fork's task and round must be without the definition (InvalidInput)."""
     if not isinstance(task, str) or not names.is_task_key(task):
         raise InvalidInput(f"fork: task must be the key of a task of the run (a str), got {shown(task)}")
+    if type(round) is not int or round < 1:
+        raise InvalidInput(f"fork: round must be a round number (1, 2, ...), got {shown(round)}")
+
+
+def _check_task_and_round(workflow: Workflow, fields: dict[str, str | None], run_id: str, task: Any,
+                          round: Any) -> None:
+    check_shape(task, round)
     if workflow.graph is not None:
         if names.step_of(task) is None or fields.get(fld.task_field(task)) is None:
             actions = sorted(n[len(fld.TASK_PREFIX):] for n in fields if n.startswith(fld.TASK_PREFIX))
@@ -78,8 +85,6 @@ def _check_task_and_round(workflow: Workflow, fields: dict[str, str | None], run
     elif task not in workflow.by_key:
         raise InvalidInput(f"fork: task {task} is not a task of workflow {workflow.name} v{workflow.version}; its "
                            f"tasks are {list(workflow.order)}")
-    if type(round) is not int or round < 1:
-        raise InvalidInput(f"fork: round must be a round number (1, 2, ...), got {shown(round)}")
     record = forks.stored_record(fields, task)
     defined = workflow.task(task)
     reached = (record.round if defined.is_loop else int(record.started_at is not None)) if record else 0
@@ -93,7 +98,8 @@ def _check_task_and_round(workflow: Workflow, fields: dict[str, str | None], run
                            f"{reached}); fork at a round from 1 to {reached}")
 
 
-def _feedback(feedback: Any, settings: Settings) -> str | None:
+def check_feedback(feedback: Any, settings: Settings) -> str | None:
+    """A fork's feedback as stored (InvalidInput: not text, or over TASKLOOP_MAX_FEEDBACK_BYTES)."""
     if feedback is None:
         return None
     if not isinstance(feedback, str):

@@ -160,6 +160,9 @@ def test_the_workers_refusals_of_a_fork_come_back_as_their_own_errors(client) ->
     never = _caller(op="fork", run_id=original, task="draft", round=9)
     assert never["errors"] == [["InvalidInput", f"fork: round 9 of task draft was never reached (run {original} "
                                                 "reached round 3); fork at a round from 1 to 3"]]
+    # what needs no code is checked in the caller, with the same words
+    shape = _caller(op="fork", run_id=original, task="draft", round=0)
+    assert shape["errors"] == [["InvalidInput", "fork: round must be a round number (1, 2, ...), got 0"]]
     waiting = _waiting(client, cf.gated_flow)
     live = _caller(op="fork", run_id=waiting, task="draft", round=1)
     [[kind, message]] = live["errors"]

@@ -73,3 +73,22 @@ def test_one_table_gives_termination_and_resumability(type_name: str, terminatio
     record = ErrorRecord(type=type_name, message="m")
     assert termination_for(record) is termination
     assert record.resumable is resumable
+
+
+@pytest.mark.parametrize("cls", sorted(errors.ACTION_ERRORS.values(), key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_a_workers_refusal_of_an_action_comes_back_as_its_class(cls: type[errors.TaskLoopError]) -> None:
+    # Given the type name and message a worker stored as its verdict (runtime/acting.py)
+    found = errors.action_error(cls.__name__, "the worker's words: what to do")
+    # Then the caller raises that very class with the worker's message
+    assert type(found) is cls and str(found) == "the worker's words: what to do"
+
+
+def test_a_refusal_of_another_type_names_it_and_a_missing_run_keeps_its_id() -> None:
+    other = errors.action_error("KeyError", "'x'")
+    assert type(other) is errors.TaskLoopError and str(other) == "KeyError: 'x'"
+    plain = errors.action_error("TaskLoopError", "the worker failed to carry out the request: boom")
+    assert str(plain) == "the worker failed to carry out the request: boom"
+    missing = errors.action_error("RunNotFound", str(errors.RunNotFound("r-1")))
+    assert type(missing) is errors.RunNotFound and missing.run_id == "r-1"
+    assert str(missing) == str(errors.RunNotFound("r-1"))
