@@ -36,7 +36,7 @@ def resume(store: RedisStore, send: Sender, settings: Settings, run_id: str, act
     meta = meta_of(store, run_id)
     if meta.stored_status != RunStatus.FAILED.value:
         raise NotResumable(f"run {run_id} is {meta.status.value}; only a failed run can be resumed")
-    wf = REGISTRY.get(meta.workflow, meta.version)
+    wf = REGISTRY.get(meta.workflow, meta.version or None)
     if meta.fingerprint != wf.fingerprint:
         raise IncompatibleDefinition(
             f"run {run_id} was started with another definition of workflow {wf.name} v{wf.version} "
@@ -92,7 +92,7 @@ def decide(store: RedisStore, send: Sender, settings: Settings, run_id: str, key
     """Decide gate ``key`` (arguments as ``check_decision`` returns them): GateRefused when it is
     not a gate, not waiting, or the actor or action is not allowed."""
     meta = meta_of(store, run_id)
-    wf = REGISTRY.get(meta.workflow, meta.version)
+    wf = REGISTRY.get(meta.workflow, meta.version or None)
     gate = wf.lookup(key)
     if gate is None or not gate.is_gate:
         what = f"a {gate.kind.value}" if gate else "not a task of this workflow"

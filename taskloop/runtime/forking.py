@@ -41,7 +41,7 @@ def fork(store: RedisStore, send: Sender, settings: Settings, run_id: str, task:
     if not meta.terminal:
         raise NotForkable(f"run {run_id} is {meta.status.value}; only a finished run (done, failed, cancelled, "
                           "rejected) can be forked: wait for it to end, or cancel it first")
-    workflow = REGISTRY.get(meta.workflow, meta.version)
+    workflow = REGISTRY.get(meta.workflow, meta.version or None)
     if meta.fingerprint != workflow.fingerprint:
         raise IncompatibleDefinition(
             f"run {run_id} was started with another definition of workflow {workflow.name} v{workflow.version} "

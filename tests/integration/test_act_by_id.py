@@ -170,6 +170,19 @@ def test_the_workers_refusals_of_a_fork_come_back_as_their_own_errors(client) ->
     client.cancel(waiting)
 
 
+def test_a_workflow_no_worker_has_comes_back_as_workflow_not_registered(client) -> None:
+    # Given a run of a workflow nobody defines (it ended failed), resumed from a process without code
+    run_id = client.start("act-nowhere", {}).run_id
+    assert client.wait(run_id, timeout=30).status == "failed"
+    found = _caller(op="resume", run_id=run_id, actor="ops")
+    # Then the worker that took the request says it lacks the module, and how to give it one
+    [[kind, message]] = found["errors"]
+    assert kind == "WorkflowNotRegistered"
+    assert message.startswith("workflow 'act-nowhere' is not registered in this process (no version is); import "
+                              "the module that defines it (--import MODULE on the command, e.g. taskloop worker "
+                              "--import MODULE")
+
+
 def test_the_command_line_acts_without_import(client, probe) -> None:
     # decide: a gate approved by a command with no --import (and no TASKLOOP_IMPORTS)
     run_id = _waiting(client, cf.gated_flow)
