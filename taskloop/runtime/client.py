@@ -313,7 +313,7 @@ class TaskLoop:
         """Replay the interrupted phases of a run that failed on a callback error (or a timeout, or a
         lost worker). Exhausted loops stay exhausted; a changed definition is refused. ``actor``:
         who resumed it (recorded in the ``run.resumed`` event). Without the workflow's code here, a
-        worker resumes it (runtime/acting.py)."""
+        worker resumes it (runtime/acting.py; ``request_id``: asked again, the same verdict)."""
         actor = _actor("resume", actor)
         meta = self._meta(run_id)
         if REGISTRY.has(meta.workflow, meta.version or None):
@@ -325,7 +325,8 @@ class TaskLoop:
     def decide(self, run_id: str, key: str, action: str, actor: str, reason: str = "", value: Any = None, *,
                request_id: str | None = None) -> RunView:
         """Decide a gate: ``approve`` (continue), ``reject`` (run rejected), ``resume`` (pause/input).
-        Without the workflow's code here, a worker decides it (runtime/acting.py)."""
+        Without the workflow's code here, a worker decides it (runtime/acting.py; ``request_id``:
+        asked again, the same verdict; a process with the code acts itself and does not use it)."""
         actor, reason, value_raw = actions.check_decision(self.settings, key, action, actor, reason, value)
         meta = self._meta(run_id)
         if REGISTRY.has(meta.workflow, meta.version or None):
