@@ -25,12 +25,16 @@ def ui(imports: tuple[str, ...], host: str, port: int, read_only: bool, allow_un
     """Serve the run UI: runs, each run's rounds and graph live, the fleet, and the actions (cancel,
     resume, gates). Reads TASKLOOP_REDIS_URL like every command; --import the workflow modules for
     resume and gates (they plan with the definition)."""
+    from taskloop.base.errors import StoreAccessDenied, StoreUnavailable
     from taskloop.runtime.client import TaskLoop
     from taskloop.ui.serve import serve
 
     import_modules(imports)
     check_port(host, port, "taskloop ui or demo --ui")
     client = TaskLoop()
-    client.run_page(limit=1)  # a Redis that is down or refuses taskloop: said now (its URL without password)
+    try:  # a Redis that is down or refuses taskloop is said now (its URL without password); the UI
+        client.run_page(limit=1)  # still starts: its pages show the error until Redis answers
+    except (StoreUnavailable, StoreAccessDenied) as exc:
+        click.echo(f"warning: {exc}; the UI starts, and its pages say so until Redis answers", err=True)
     serve(client, host, port, read_only=read_only, allow_unauthenticated=allow_unauthenticated,
           max_streams=max_streams, trusted_proxies=trusted_proxies)
