@@ -161,7 +161,9 @@ def runs_fragment(ui: UI, request: Request) -> Response:
 
 def run_page(ui: UI, request: Request, notice: str | None = None, status: int = 200) -> Response:
     model = pages.run_model(ui.client, _run_id(request))
-    return ui.render("run.html", request, status=status, m=model, notice=notice)
+    done = None if notice else present.done_notice(request.query_params.get("done")
+                                                  or ("forked" if request.query_params.get("forked") else None))
+    return ui.render("run.html", request, status=status, m=model, notice=notice, done=done)
 
 
 def run_body(ui: UI, request: Request) -> Response:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskloop.ui.present import status_class
+from taskloop.ui.present import counted, status_class
 
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 168, 46, 56, 14, 12
 MAX_NODES = 2_000  # beyond this the page lists tasks without a drawing
@@ -177,5 +177,5 @@ def _sub(kind: str, state: TaskState | None, declared_rounds: int | None) -> str
         shown_round = state.round if state else 0
         return f"loop · round {shown_round}/{limit} · {status}" if limit else f"loop · round {shown_round} · {status}"
     if state is not None and state.activations > 1:
-        return f"{kind} · {state.activations} activations · {status}"
+        return f"{kind} · {counted(state.activations, 'activation')} · {status}"
     return f"{kind} · {status}"

@@ -105,6 +105,61 @@ def plain(text: Any) -> str:
     return page_text(text if isinstance(text, str) else str(text))
 
 
+def counted(count: int, word: str, many: str | None = None) -> str:
+    """``1 task``, ``2 tasks``, ``0 rounds``: a count and its noun, singular for one (``many``: an
+    irregular plural). Every count a page says goes through here."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+STOPS = {"failed": "stopped after a failure", "stopped": "stopped"}
+
+
+def control_text(control: str | None) -> str:
+    """A run's control (``cancel:<reason>``, ``stop:<reason>``, core/rules.py) in words:
+    ``cancelled: changed my mind``, ``stopped after a failure``."""
+    if not control:
+        return ""
+    kind, _, reason = control.partition(":")
+    if kind == "stop":
+        return STOPS.get(reason, f"stopped: {reason}" if reason else "stopped")
+    if kind == "cancel":
+        return f"cancelled: {reason}" if reason and reason != "cancelled" else "cancelled"
+    return control
+
+
+def scored(rounds: Any) -> bool:
+    """Whether any of a loop's rounds has a score (its Score column shows only then)."""
+    return any((r.check or {}).get("score") is not None for r in rounds)
+
+
+def resume_note(run: Any) -> tuple[bool, str] | None:
+    """What to say beside a failed run's resume, when its failure was ``WorkflowNotRegistered``
+    (no worker could import the workflow's module): ``(offered, why)``. A run that failed before any
+    task ran has nothing to replay, so resuming can only fail: it is not offered. A task that failed
+    so replays once the workers import the module, and only then."""
+    module = f"the workflow {run.workflow!r} is not registered: no worker imports its module"
+    if run.error is not None and run.error.type == "WorkflowNotRegistered":
+        return False, (f"No resume: {module}, so the run failed before any step ran and has nothing to replay. "
+                       "Start the workers with it (taskloop worker --import MODULE) and start a new run.")
+    if any(t.error is not None and t.error.type == "WorkflowNotRegistered" for t in run.tasks.values()):
+        return True, (f"Resuming now fails again: {module}. Start the workers with it "
+                      "(taskloop worker --import MODULE) first.")
+    return None
+
+
+DONE_NOTICES = {
+    "cancel": "Cancel requested: the run stops at its next step.",
+    "nothing-to-cancel": "Nothing to cancel: the run had already ended.",
+    "resume": "Resumed: the failed step runs again.",
+    "approve": "Approved.", "reject": "Rejected.", "forked": "Forked: this run starts from the round chosen.",
+}
+
+
+def done_notice(done: str | None) -> str | None:
+    """The notice a page shows after an action succeeded (its ``?done=`` or ``?forked=1``)."""
+    return DONE_NOTICES.get(done or "")
+
+
 def event_details(event: Any) -> str:
     """What an event says, in a few words (the timeline's last column)."""
     data: dict[str, Any] = dict(event.data or {})
@@ -118,9 +173,12 @@ def event_details(event: Any) -> str:
         if data.get("score") is not None:
             parts.append(f"score {data.pop('score')}")
     elif kind == "task":
-        parts.append(str(data.pop("status", "")))
+        status = str(data.pop("status", ""))
+        parts.append(status)
         for name in ("error", "message", "reason"):
-            if data.get(name):
+            if data.get(name) == status:  # a task cancelled for the reason "cancelled": said once
+                data.pop(name)
+            elif data.get(name):
                 parts.append(one_line(data.pop(name), 120))
     elif kind in ("run.cancel", "run.resumed", "gate"):
         actor = data.pop("actor", None)
@@ -152,5 +210,6 @@ def event_details(event: Any) -> str:
 FILTERS = {
     "status_class": status_class, "clock_time": clock_time, "time_of_day": time_of_day, "duration": duration,
     "as_text": as_text, "one_line": one_line, "is_long": is_long, "plain": plain,
-    "event_details": event_details,
+    "event_details": event_details, "control_text": control_text,
+    "counted": counted, "scored": scored, "resume_note": resume_note,
 }

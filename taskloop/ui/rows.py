@@ -5,8 +5,8 @@ update renders only the header, the graph, the rounds still going and the new ev
 loop's page took 7.4 ms to render whole; an update of it renders a small part of that.
 
 A round is kept once its check is recorded (nothing in it changes after that) and only for the
-same page state: whether the run has ended (the fork forms appear then), read-only or not, and
-the user (their action token is in those forms)."""
+same page state: whether its loop shows a Score column, whether the run has ended (the fork forms
+appear then), read-only or not, and the user (their action token is in those forms)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from markupsafe import Markup
 
 from taskloop.core.events import Event
 from taskloop.runtime.models import RoundView, TaskView
+from taskloop.ui.present import scored
 
 KEEP = 5_000  # rows kept per open page; past it the oldest are rendered again when needed
 
@@ -55,7 +56,7 @@ class Rows:
             return Markup(render())
         m = self.context["m"]
         return self._kept(("round", task.key, row.round, m.terminal, self.context["read_only"],
-                           self.context["user"]), render)
+                           self.context["user"], scored(task.rounds)), render)
 
     def event_row(self, event: Event) -> Markup:
         def render() -> str:

@@ -123,10 +123,14 @@ class Page:
         self.page = self.context.new_page()
         self.dialogs: list[str] = []
         self.errors: list[str] = []
+        self.confirm = False  # a test that clicks through a page's own confirmation sets it
 
         def on_dialog(dialog: Any) -> None:
             self.dialogs.append(dialog.message)
-            dialog.dismiss()
+            if self.confirm and dialog.type == "confirm":
+                dialog.accept()
+            else:
+                dialog.dismiss()
 
         self.page.on("dialog", on_dialog)
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))

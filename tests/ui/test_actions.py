@@ -76,8 +76,13 @@ def test_cancelling_by_clicking_stops_the_run_with_the_reason_and_actor(ui, tab,
     page.goto(f"{ui.url}/runs/{run_id}")
     page.locator('.actions input[name="actor"]').first.fill("bob")
     page.locator('.actions input[name="reason"]').fill("wrong topic")
+    page.locator("#cancel-run").click()  # the page asks first; dismissed, nothing is cancelled
+    assert tab.dialogs == [f"Cancel run {run_id}? Its running steps are stopped; it cannot be resumed."]
+    assert page.url == f"{ui.url}/runs/{run_id}" and client.inspect(run_id).control is None
+    tab.confirm = True
     page.locator("#cancel-run").click()
     page.wait_for_url(f"{ui.url}/runs/{run_id}?done=cancel")
+    assert "Cancel requested" in page.locator("#done-notice").inner_text()
     result = handle.wait(timeout=30)
     assert result.status == "cancelled" and result.termination_code == "aborted"
     cancel = next(e for e in client.events(run_id) if e.type == "run.cancel")
@@ -100,6 +105,19 @@ def test_resuming_by_clicking_replays_the_failed_step(ui, tab, client, probe) ->
     assert result is not None and result.values == {"fix": 2, "report": "fixed in 2"}
     resumed = next(e for e in client.events(run_id) if e.type == "run.resumed")
     assert resumed.data == {"tasks": ["fix"], "actor": "ui"}  # no auth, no name given: the default actor
+
+
+def test_a_refused_resume_is_said_on_the_run_page_at_the_run_pages_address(ui, tab, client) -> None:
+    run_id = f"ui-noresume-{time.time_ns()}"
+    assert client.start(ui_flows.never_good, input={}, run_id=run_id).wait(timeout=30).status == "failed"
+    page = tab.page
+    page.goto(f"{ui.url}/runs/{run_id}")
+    page.locator("#resume-run").click()  # an exhausted loop stays exhausted: refused
+    assert "NotResumable" in page.locator("p.notice.bad").inner_text()
+    page.wait_for_url(f"{ui.url}/runs/{run_id}")  # not /resume: a reload shows the run, it posts nothing
+    page.reload()
+    assert page.locator("p.notice.bad").count() == 0 and _status(page) == "failed"
+    assert [e for e in tab.errors if "409 (Conflict)" not in e] == []  # the refusal's status, logged
 
 
 def test_forking_from_a_round_by_clicking_starts_the_new_run_with_the_feedback_typed(ui, tab, client) -> None:

@@ -81,6 +81,7 @@ def test_a_browser_with_the_credentials_sees_the_run_and_acts_as_its_user(ui_aut
     try:
         tab.page.goto(f"{ui_auth.url}/runs/{run_id}")
         assert tab.page.locator('.actions input[name="actor"]').count() == 0  # the actor is the user
+        tab.confirm = True  # the page asks before it cancels
         tab.page.locator("#cancel-run").click()
         tab.page.wait_for_url(f"{ui_auth.url}/runs/{run_id}?done=cancel")
     finally:

@@ -80,8 +80,102 @@ def test_an_event_reads_as_a_few_words() -> None:
     assert present.event_details(complete) == "rejected: cite a source · on w1, took 250 ms, waited 10 ms, execution 2"
     cancel = Event(type="run.cancel", at=1.0, data={"reason": "wrong topic", "actor": "bob"})
     assert present.event_details(cancel) == "“wrong topic” · by bob"
+    stopped = Event(type="task", key="a", at=1.0, data={"status": "cancelled", "reason": "cancelled"})
+    assert present.event_details(stopped) == "cancelled"  # not "cancelled · cancelled"
     other = Event(type="transition", key="a@1", at=1.0, data={"next": ["b"]})
     assert present.event_details(other) == '{"next": ["b"]}'
+
+
+def test_counts_controls_and_notices_read_as_words() -> None:
+    assert [present.counted(n, "task") for n in (0, 1, 2)] == ["0 tasks", "1 task", "2 tasks"]
+    assert present.counted(1, "attempt") == "1 attempt" and present.counted(3, "box", "boxes") == "3 boxes"
+    assert present.control_text("cancel:changed my mind") == "cancelled: changed my mind"
+    assert present.control_text("cancel:") == present.control_text("cancel:cancelled") == "cancelled"
+    assert present.control_text("stop:failed") == "stopped after a failure"
+    assert present.control_text("stop:budget") == "stopped: budget" and present.control_text(None) == ""
+    assert present.done_notice("cancel") is not None and present.done_notice("nope") is None
+    assert present.done_notice(None) is None
+
+
+def _run_view(**fields: object) -> object:
+    from taskloop.runtime.models import RunView
+
+    base: dict[str, object] = {"run_id": "r-1", "workflow": "essay", "version": "", "status": "failed",
+                               "created_at": 1.0, "finished_at": 2.0, "usage": {}, "tasks": {}}
+    return RunView.model_validate({**base, **fields})
+
+
+def _run_body(run: object, **context: object) -> str:
+    """_run_body.html rendered as the app renders it (taskloop/ui/app.py), for a run read by hand."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    from taskloop.ui import charts, pages
+    from taskloop.ui.rows import Rows
+
+    env = Environment(loader=PackageLoader("taskloop.ui", "templates"), autoescape=select_autoescape(default=True),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(present.FILTERS)
+    env.globals.update(ago=present.ago, took=present.took, score_chart=charts.score_chart)
+    model = pages.RunModel(run=run, shape=None, drawing=graph.draw(None, {}), events=[], events_total=0,  # type: ignore[arg-type]
+                           last_entry="0-0", gates=[], budget=None, activations=[],
+                           loops=[t for t in run.tasks.values() if t.kind == "loop"],  # type: ignore[attr-defined]
+                           others=[t for t in run.tasks.values() if t.kind != "loop"], now=3.0)  # type: ignore[attr-defined]
+    base = {"read_only": False, "user": "", "csrf": "t", "auth": False, "version": "x", "notice": None, "m": model,
+            **context}
+    rows = Rows(env, base)
+    return env.get_template("_run_body.html").render(**base, round_row=rows.round_row, event_row=rows.event_row)
+
+
+def test_the_run_page_shows_its_input_escaped_and_no_bare_v_for_an_empty_version() -> None:
+    html = _run_body(_run_view(input={"topic": "<script>x</script>", "n": 1}, status="running", finished_at=None))
+    assert 'section class="card input"' in html and "&lt;script&gt;x&lt;/script&gt;" in html and "<script>x" not in html
+    assert ',\n  &#34;n&#34;: 1\n}' in html  # pretty JSON, one key a line
+    assert "<b>essay</b></span>" in html and " v<" not in html
+    assert "v2" in _run_body(_run_view(version="2"))
+    assert 'section class="card input"' not in _run_body(_run_view())  # no input: no section
+    long = _run_body(_run_view(input={"text": "x" * (present.LONG_CHARS + 10)}))
+    assert '<details id="run-input">' in long  # folded
+
+
+def test_a_loop_shows_a_score_column_only_when_a_round_has_a_score_and_labels_the_forks_feedback() -> None:
+    def loop(*checks: dict, given: str | None = None) -> dict:
+        rounds = [{"round": i + 1, "phase": "complete", "output": f"draft {i + 1}", "check": c,
+                   "feedback_given": given if i == 0 else None} for i, c in enumerate(checks)]
+        return {"draft": {"key": "draft", "kind": "loop", "status": "done", "round": len(rounds), "attempts": 1,
+                          "rounds": rounds, "started_at": 1.0, "finished_at": 2.0}}
+
+    plain = _run_body(_run_view(status="done", tasks=loop({"done": True, "feedback": "fine"})))
+    assert "<th>Score</th>" not in plain and "1 attempt ·" in plain
+    scored = _run_body(_run_view(status="done", tasks=loop({"done": False, "score": 0.4}, {"done": True})))
+    assert "<th>Score</th>" in scored and "<td>0.4</td>" in scored
+    forked = _run_body(_run_view(status="done", tasks=loop({"done": True, "feedback": "ok now"}, given="<i>shorter")))
+    assert "given by the fork</span> <q>&lt;i&gt;shorter</q>" in forked
+    assert "the check's feedback</span><pre class=\"text\">ok now" in forked
+    assert "fed by the fork" not in forked
+
+
+def test_a_failed_run_is_offered_a_resume_unless_its_workflow_was_never_registered() -> None:
+    def failed(kind: str) -> object:
+        return _run_view(tasks={"fix": {"key": "fix", "kind": "task", "status": "failed",
+                                        "error": {"key": "fix", "type": kind, "message": "broken"}}})
+
+    assert 'id="resume-run"' in _run_body(failed("ValueError")) and present.resume_note(failed("ValueError")) is None
+    html = _run_body(failed("WorkflowNotRegistered"))  # a step failed so: it replays once the workers import it
+    assert 'id="resume-run"' in html and 'id="resume-note"' in html and "fails again" in html
+    unknown = _run_view(error={"key": "", "type": "WorkflowNotRegistered", "message": "no workflow essay"})
+    html = _run_body(unknown)  # no step ran: nothing to replay, ever
+    assert 'id="resume-run"' not in html and "no worker imports its module" in html and "No resume" in html
+
+
+def test_the_actions_are_labelled_and_cancelling_asks_first() -> None:
+    html = _run_body(_run_view(status="running", finished_at=None, control=None))
+    assert "<label>Your name <input" in html and "<label>Reason <input" in html
+    assert 'data-confirm="Cancel run r-1?' in html
+    task = {"key": "a", "kind": "task", "status": "cancelled", "reason": "cancelled"}
+    stopped = _run_body(_run_view(status="cancelled", control="cancel:changed my mind", tasks={"a": task}))
+    assert "cancelled: changed my mind" in stopped and "cancel:" not in stopped
+    assert 'id="task-a"' in stopped and "<small>cancelled</small>" not in stopped  # a reason = its status: once
+    assert "stopped after a failure" in _run_body(_run_view(control="stop:failed"))
 
 
 def test_credentials_are_user_colon_password_and_the_password_may_hold_colons() -> None:
@@ -177,8 +271,8 @@ def test_a_live_page_renders_a_finished_round_and_an_event_once_and_a_round_goin
                                    event_row=lambda e: calls.append(e.id) or f"<tr>{e.id}</tr>")
 
     cache: dict = {}
-    task = SimpleNamespace(key="draft")
     done, going = SimpleNamespace(round=1, check={"done": False}), SimpleNamespace(round=2, check=None)
+    task = SimpleNamespace(key="draft", rounds=[done, going])
     event = Event(type="phase", at=1.0, id="1-0:0")
     for _ in range(3):  # three renders of one live page
         context = {"m": SimpleNamespace(terminal=False), "read_only": True, "user": "ann"}

@@ -76,3 +76,18 @@
   source.addEventListener("end", function () { source.close(); });
   document.addEventListener("htmx:sseMessage", function () { Object.keys(texts).forEach(render); });
 })();
+
+// An action that asks first (a form with data-confirm: cancelling a run), and, after an action
+// was refused, the address of the run page in place of the form's (/runs/<id>/resume): a reload
+// shows the run, it does not post the form again.
+(function () {
+  "use strict";
+  document.addEventListener("submit", function (event) {
+    var question = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) { event.preventDefault(); }
+  });
+  var refused = document.querySelector("[data-run-url]");
+  if (refused && window.history && location.pathname !== refused.getAttribute("data-run-url")) {
+    window.history.replaceState(null, "", refused.getAttribute("data-run-url"));
+  }
+})();
