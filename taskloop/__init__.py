@@ -59,7 +59,9 @@ if TYPE_CHECKING:
     from taskloop.define.options import Budget, Cache, LoopCheck, Plateau, Retry
     from taskloop.define.tasks import Task, define_gate, define_loop_task, define_task
     from taskloop.define.workflow import Workflow, define_workflow
+    from taskloop.ops.hooks import Hook, PhaseBegan, PhaseEnded, RunEnded
     from taskloop.runtime.client import CancelResult, RunHandle, TaskLoop
+    from taskloop.runtime.instruments import add_hook
     from taskloop.runtime.models import (
         ErrorInfo,
         ExecView,
@@ -79,6 +81,10 @@ _LAZY = {
     "Concurrency": "taskloop.define.limits",
     "ErrorInfo": "taskloop.runtime.models",
     "Event": "taskloop.core.events",
+    "Hook": "taskloop.ops.hooks",
+    "PhaseBegan": "taskloop.ops.hooks",
+    "PhaseEnded": "taskloop.ops.hooks",
+    "RunEnded": "taskloop.ops.hooks",
     "ExecView": "taskloop.runtime.models",
     "LoopCheck": "taskloop.define.options",
     "LoopContext": "taskloop.define.context",
@@ -100,6 +106,7 @@ _LAZY = {
     "Transition": "taskloop.define.graph_spec",
     "TransitionHandler": "taskloop.define.graph_spec",
     "Workflow": "taskloop.define.workflow",
+    "add_hook": "taskloop.runtime.instruments",
     "define_gate": "taskloop.define.tasks",
     "define_graph_workflow": "taskloop.define.graph",
     "define_loop_task": "taskloop.define.tasks",
@@ -143,6 +150,7 @@ __all__ = [
     "GateRefused",
     "GraphLimitReached",
     "GraphRunFailed",
+    "Hook",
     "IncompatibleDefinition",
     "InvalidCacheKey",
     "InvalidCheckResult",
@@ -158,10 +166,13 @@ __all__ = [
     "NotResumable",
     "OutputTooLarge",
     "PhaseAbandoned",
+    "PhaseBegan",
+    "PhaseEnded",
     "Plateau",
     "RateLimit",
     "Retry",
     "RoundView",
+    "RunEnded",
     "RunExists",
     "RunHandle",
     "RunNotFound",
@@ -187,6 +198,7 @@ __all__ = [
     "Workflow",
     "WorkflowBudgetExceeded",
     "WorkflowNotRegistered",
+    "add_hook",
     "define_gate",
     "define_graph_workflow",
     "define_loop_task",

@@ -12,9 +12,10 @@ Two exporters:
   phases queued per broker queue, expired leases, the reconciler's last pass, and fleet
   counters kept in Redis (runs started and finished by workflow, status and termination).
 
-Metrics are derived from the events a commit wrote (one source of truth with the run history);
-recording them never fails a phase: a failing hook is logged and ignored. Metrics are on only in
-processes that export them (``TASKLOOP_METRICS=1``, set by ``--metrics-port``).
+A worker's metrics are a hook of the instrumentation interface (``MetricsHook``, ops/hooks.py),
+derived from the events a commit wrote (one source of truth with the run history); recording them
+never fails a phase: a failing hook is logged and ignored. Metrics are on only in processes that
+export them (``TASKLOOP_METRICS=1``, set by ``--metrics-port``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ from taskloop.base.errors import LoopTaskExhausted, WorkflowBudgetExceeded, is_r
 from taskloop.base.names import MAX_LENGTH, step_of
 from taskloop.core import events as ev
 from taskloop.core.events import Event
+from taskloop.ops.hooks import (
+    Committed,
+    Hook,
+    LimitWaited,
+    Reconciled,
+    Refused,
+    StreamDropped,
+    StreamWritten,
+    Throttled,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -118,18 +129,39 @@ def _capped(value: str) -> str:
     return value[:MAX_LENGTH]
 
 
-def _safely(fn: Any) -> Any:
-    def call(*args: Any, **kwargs: Any) -> None:
-        if not enabled():
-            return
-        try:
-            fn(*args, **kwargs)
-        except Exception:  # instrumentation never breaks a loop
-            log.exception("recording a metric failed")
-    return call
+class MetricsHook(Hook):
+    """The worker's metrics as a hook (registered where metrics are on: runtime/instruments.py)."""
+
+    def committed(self, write: Committed) -> None:
+        observe_events(write.workflow.name, write.events)
+
+    def delivery_refused(self, refused: Refused) -> None:
+        _m().REFUSED.labels(refused.reason).inc()
+
+    def reconciled(self, report: Reconciled) -> None:
+        for action in RECONCILER_ACTIONS:
+            amount = report.counts.get(action, 0)
+            if amount:
+                _m().RECONCILER.labels(action).inc(amount)
+
+    def limit_throttled(self, throttled: Throttled) -> None:
+        _m().THROTTLED.labels(throttled.limit).inc()
+
+    def limit_waited(self, waited: LimitWaited) -> None:
+        _m().LIMIT_WAIT.labels(waited.limit).observe(max(waited.seconds, 0.0))
+
+    def stream_written(self, written: StreamWritten) -> None:
+        _m().STREAM_WRITES.inc()
+
+    def stream_dropped(self, dropped: StreamDropped) -> None:
+        _m().STREAM_DROPPED.labels(dropped.reason).inc(dropped.chunks)
+        _m().STREAM_DROPPED_BYTES.labels(dropped.reason).inc(dropped.size)
 
 
-@_safely
+RECONCILER_ACTIONS = ("redispatched", "replayed", "abandoned", "cleaned", "moved", "gates_cancelled", "forgotten",
+                      "conflicts", "unbegun_replayed")
+
+
 def observe_events(workflow: str, events: Iterable[Event]) -> None:
     """What a committed write tells: phases run, rounds, exhaustions, retries, cache, run endings."""
     for event in events:
@@ -182,44 +214,14 @@ def _ran_phase(event: Event) -> str:
     return event.phase or "run"
 
 
-@_safely
-def refused(reason: str) -> None:
-    _m().REFUSED.labels(reason).inc()
-
-
-@_safely
-def reconciled(report: Any) -> None:
-    for action in ("redispatched", "replayed", "abandoned", "cleaned", "moved", "gates_cancelled", "forgotten",
-                   "conflicts", "unbegun_replayed"):
-        amount = getattr(report, action, 0)
-        if amount:
-            _m().RECONCILER.labels(action).inc(amount)
-
-
-@_safely
-def throttled(limit: str) -> None:
-    _m().THROTTLED.labels(limit).inc()
-
-
-@_safely
-def waited(limit: str, seconds: float) -> None:
-    _m().LIMIT_WAIT.labels(limit).observe(max(seconds, 0.0))
-
-
-@_safely
-def stream_written() -> None:
-    _m().STREAM_WRITES.inc()
-
-
-@_safely
-def stream_dropped(reason: str, chunks: int, size: int) -> None:
-    _m().STREAM_DROPPED.labels(reason).inc(chunks)
-    _m().STREAM_DROPPED_BYTES.labels(reason).inc(size)
-
-
-@_safely
 def restarted() -> None:
-    _m().RESTARTS.inc()
+    """A supervisor restarted its Celery worker (the supervisor's own process: no hooks there)."""
+    if not enabled():
+        return
+    try:
+        _m().RESTARTS.inc()
+    except Exception:  # instrumentation never breaks a worker
+        log.exception("recording a metric failed")
 
 
 class FleetCollector:

@@ -34,9 +34,9 @@ from taskloop.define.validate import is_text
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime import acting, actions, forking, starting, streaming, views, waiting
 from taskloop.runtime.celery_app import SETTLE_TASK, START_TASK, PhaseSender, make_app
-from taskloop.runtime.commit import write
 from taskloop.runtime.gates import settle_gates
 from taskloop.runtime.models import RunPage, RunResult, RunSummary, RunView
+from taskloop.runtime.writes import write
 from taskloop.store.redis_store import Applied, RedisStore
 
 log = logging.getLogger("taskloop.runtime.client")

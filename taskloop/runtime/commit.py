@@ -1,7 +1,7 @@
 """The one commit path: every write of a run's records goes through this module.
 
 - ``commit``: plan, apply the plan as one guarded write, plan again on a conflict (a bounded
-  number of times), then send the messages the plan dispatched and tell the observers. The
+  number of times), then send the messages the plan dispatched and tell the hooks. The
   client (start, resume, decide, gate cancellation), the executor (begin and outcomes), recovery,
   the outage sweep and the reconciler.
 - ``begin``: the begin the scheduler prepared for a queued phase (begin.lua), which writes the
@@ -10,9 +10,9 @@
   asyncio pool's), or None for the caller to commit on the sync path.
 - ``begin_many``, ``renew``: the watcher's calls for all of a process's running phases at once: the
   begins of phases that run before their begin is written, and their lease renewals.
-- ``write``: one guarded batch that needs no plan: a control flag (cancel), a pending run's first
-  records, a counter of refused deliveries, a usage receipt, a lease renewal or a stale lease
-  dropped. Applied or refused as a whole, like a plan's write.
+
+A guarded batch that needs no plan is ``write`` (runtime/writes.py). After a write, the process's
+hooks hear of it (runtime/instruments.py: metrics, tracing, the workflow's observers).
 """
 
 from __future__ import annotations
@@ -23,18 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from taskloop.base import clock
 from taskloop.base.errors import CommitConflict, LimitRefused, StoreUnavailable
-from taskloop.core import events as ev
-from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.begin import Dispatch
-from taskloop.core.events import Event, notify
+from taskloop.core.events import Event
 from taskloop.core.limits import LimitOp
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import Workflow
-from taskloop.ops import metrics
+from taskloop.ops.hooks import Committed as Written
+from taskloop.runtime import instruments
 from taskloop.store.aio import AsyncScripts
 from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import Applied, BeginReply, Conflict, RedisStore
@@ -87,14 +85,6 @@ def begin_many(store: RedisStore, begins: Sequence[Begin]) -> list[BeginReply]:
 def renew(store: RedisStore, renewals: Sequence[Renewal]) -> list[Renewed]:
     """Renew the leases of running phases, each guarded by its record, in one call (store.renew_leases)."""
     return store.renew_leases(renewals)
-
-
-def write(store: RedisStore, batch: Batch) -> Applied | Conflict:
-    """Apply a guarded batch that needs no plan (see the module docstring)."""
-    assert batch.limits is None, "a write with a limits operation goes through commit"
-    result = store.apply(batch)
-    assert not isinstance(result, Admission)
-    return result
 
 
 def never(conflict: Conflict) -> bool:
@@ -197,18 +187,5 @@ def _after(store: RedisStore, committed: Committed, send: Sender | None) -> None
     planner = committed.planner
     if planner.dispatches and send is not None:
         send(planner.workflow, planner.run_id, planner.dispatches)
-    metrics.observe_events(planner.workflow.name, committed.events)
-    observe(store, planner.workflow, planner.run_id, committed.events)
-
-
-def observe(store: RedisStore, workflow: Workflow, run_id: str, events: list[Event]) -> None:
-    """Call the workflow's observers; a failing observer is recorded in the run, never raised."""
-    if not workflow.observers or not events:
-        return
-    failures = notify(workflow.observers, [e.model_copy(update={"run_id": run_id}) for e in events])
-    if failures:
-        batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists").expect(fld.F_COMPACT, None, "not compacted")
-        for failure in failures:
-            batch.event(Event(type=ev.OBSERVER_ERROR, at=clock.now(), data=failure))
-        batch.incr(fld.stat_field("observer_errors"), len(failures))
-        write(store, batch)
+    instruments.hooks().committed(Written(store, planner.workflow, planner.run_id, committed.events,
+                                          committed.finished))

@@ -34,7 +34,8 @@ from taskloop.core.snapshot import Snapshot
 from taskloop.core.states import QUEUED_STATES, RunStatus
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.runtime import shapes
-from taskloop.runtime.commit import Sender, commit, never, write
+from taskloop.runtime.commit import Sender, commit, never
+from taskloop.runtime.writes import write
 from taskloop.store.redis_store import Applied, RedisStore
 
 START_FIELDS = (fld.F_WORKFLOW, fld.F_VERSION, fld.F_STATUS, fld.F_INPUT_DIGEST, fld.F_INPUT, fld.F_CONTROL,

@@ -21,7 +21,8 @@ from celery.worker import state as worker_state
 
 from taskloop.base.text import shown
 from taskloop.celery_fixes.consumer import Consumer as FixedConsumer
-from taskloop.ops import metrics
+from taskloop.ops.hooks import Refused
+from taskloop.runtime.instruments import hooks
 from taskloop.worker.recovery import census, outage
 
 log = logging.getLogger("taskloop.consumer")
@@ -33,7 +34,7 @@ class Consumer(FixedConsumer):
         log.error("malformed task message dropped: %s: %s (task %s, id %s, content type %s, %s bytes)",
                   type(exc).__name__, shown(str(exc)), shown(headers.get("task")), shown(headers.get("id")),
                   shown(getattr(message, "content_type", None)), len(getattr(message, "body", b"") or b""))
-        metrics.refused("malformed")
+        hooks().delivery_refused(Refused("malformed"))
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
         """A task name this worker does not run (not taskloop's: Celery's built-in tasks are
@@ -41,7 +42,7 @@ class Consumer(FixedConsumer):
         headers = message.headers if isinstance(getattr(message, "headers", None), dict) else {}
         log.error("refused a task that is not taskloop's: %s (id %s); only taskloop.* tasks run here",
                   shown(headers.get("task")), shown(headers.get("id")))
-        metrics.refused("unknown task")
+        hooks().delivery_refused(Refused("unknown task"))
         super().on_unknown_task(body, message, exc)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:

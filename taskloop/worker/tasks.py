@@ -57,17 +57,17 @@ def register(app: Celery) -> None:
     @app.task(name="taskloop.attempt", **options)
     def attempt(self: Any, *args: Any, **kwargs: Any) -> str:
         return process.execute(app, Phase.ATTEMPT, self.request.hostname, args, kwargs, self.request.shadow,
-                       messages.carried_of(self.request))
+                               messages.carried_of(self.request), messages.traceparent_of(self.request))
 
     @app.task(name="taskloop.check", **options)
     def check(self: Any, *args: Any, **kwargs: Any) -> str:
         return process.execute(app, Phase.CHECK, self.request.hostname, args, kwargs, self.request.shadow,
-                       messages.carried_of(self.request))
+                               messages.carried_of(self.request), messages.traceparent_of(self.request))
 
     @app.task(name="taskloop.run", **options)
     def run(self: Any, *args: Any, **kwargs: Any) -> str:
         return process.execute(app, Phase.RUN, self.request.hostname, args, kwargs, self.request.shadow,
-                       messages.carried_of(self.request))
+                               messages.carried_of(self.request), messages.traceparent_of(self.request))
 
     @app.task(name=taskloop_app.START_TASK, **options)
     def start(self: Any, *args: Any, **kwargs: Any) -> str:

@@ -28,6 +28,7 @@ from taskloop.core.states import State
 from taskloop.define.workflow import REGISTRY, Workflow
 from taskloop.ops.embedded import RedisServer
 from taskloop.runtime import commit as cm
+from taskloop.runtime import writes as wr
 from taskloop.store import keys as k
 from taskloop.store.redis_store import Applied, Conflict, RedisStore
 from tests.harness import Sent
@@ -125,7 +126,7 @@ def test_write_applies_a_guarded_batch_as_a_whole(store: RedisStore) -> None:
     batch.event(Event(type="run.started", at=1000.0)).event(Event(type="phase", key="a", at=1000.0))
     batch.lease("a", 1030.0).index(Index.LIVE, run_id, 1030.0).list_run("wf", "running", 1000.0, new=True)
     # When it is written
-    result = cm.write(store, batch)
+    result = wr.write(store, batch)
     # Then everything is there, and the two events share one stream entry
     assert result == Applied(finished=False)
     assert store.all_fields(run_id) == {fld.F_WORKFLOW: "wf", fld.F_STATUS: "running", fld.F_OPEN: "2"}
@@ -142,14 +143,14 @@ def test_write_applies_a_guarded_batch_as_a_whole(store: RedisStore) -> None:
 def test_write_refuses_a_batch_whose_guard_failed_and_names_it(store: RedisStore, raw: redis.Redis) -> None:
     # Given a run whose status is running
     run_id = _run_id()
-    assert isinstance(cm.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_STATUS, "running")), Applied)
+    assert isinstance(wr.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_STATUS, "running")), Applied)
     queue = f"queue-{uuid.uuid4().hex}"
     # When a batch that expects it pending is written (its first guard holds, the second does not)
     batch = Batch(run_id).exists(fld.F_WORKFLOW, "run exists").expect(fld.F_STATUS, "pending", "pending run")
     batch.set(fld.F_STATUS, "failed").delete(fld.F_WORKFLOW).incr(fld.F_OPEN, 1)
     batch.event(Event(type="run.finished", at=1000.0)).lease("a", 1030.0).push("lpush", queue, "message")
     batch.end_marker = "failed"
-    result = cm.write(store, batch)
+    result = wr.write(store, batch)
     # Then it is refused naming the guard, what it protects and what the store holds; nothing was written
     assert result == Conflict(index=2, label="pending run", field=fld.F_STATUS, current="running")
     assert store.all_fields(run_id) == {fld.F_WORKFLOW: "wf", fld.F_STATUS: "running"}
@@ -178,22 +179,22 @@ GUARDS: list[tuple[str, Callable[[Batch], Batch], bool]] = [
 def test_each_guard_kind_is_checked_by_the_script(store: RedisStore, label: str, guard: Callable[[Batch], Batch],
                                                   holds: bool) -> None:
     run_id = _run_id()
-    cm.write(store, Batch(run_id).set("f", "1").set("n", "3"))
-    result = cm.write(store, guard(Batch(run_id)).set("written", "yes"))
+    wr.write(store, Batch(run_id).set("f", "1").set("n", "3"))
+    result = wr.write(store, guard(Batch(run_id)).set("written", "yes"))
     assert isinstance(result, Applied) is holds
     assert (store.hmget(run_id, ["written"]) == ["yes"]) is holds
 
 
 def test_a_conflict_on_an_absent_field_reports_none(store: RedisStore) -> None:
     run_id = _run_id()
-    result = cm.write(store, Batch(run_id).expect(fld.F_STATUS, "running", "status"))
+    result = wr.write(store, Batch(run_id).expect(fld.F_STATUS, "running", "status"))
     assert result == Conflict(index=1, label="status", field=fld.F_STATUS, current=None)
 
 
 def test_the_final_part_is_applied_by_the_write_that_ends_the_last_open_task(store: RedisStore) -> None:
     # Given a run with two open tasks
     run_id = _run_id()
-    cm.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_OPEN, "2"))
+    wr.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_OPEN, "2"))
 
     def ending(key: str) -> Batch:
         batch = Batch(run_id).set(fld.task_field(key), "done")
@@ -206,10 +207,10 @@ def test_the_final_part_is_applied_by_the_write_that_ends_the_last_open_task(sto
         return batch
 
     # When the first ends: the run goes on, its final writes are not applied
-    assert cm.write(store, ending("a")) == Applied(finished=False)
+    assert wr.write(store, ending("a")) == Applied(finished=False)
     assert store.hmget(run_id, [fld.F_OPEN, fld.F_STATUS]) == ["1", None]
     # When the second ends: the run ends, in the same write, with its events in the same entry
-    assert cm.write(store, ending("b")) == Applied(finished=True)
+    assert wr.write(store, ending("b")) == Applied(finished=True)
     assert store.hmget(run_id, [fld.F_OPEN, fld.F_STATUS]) == ["0", "done"]
     events = store.events(run_id)
     assert [e.type for e in events] == ["task", "task", "run.finished"]
@@ -222,13 +223,13 @@ def test_pushes_are_sent_with_the_write(store: RedisStore, raw: redis.Redis) -> 
     run_id, first, second = _run_id(), f"q-{uuid.uuid4().hex}", f"q-{uuid.uuid4().hex}"
     batch = Batch(run_id).set(fld.F_WORKFLOW, "wf")
     batch.push("lpush", first, "m1").push("lpush", second, "m2").push("lpush", first, "m3")
-    assert isinstance(cm.write(store, batch), Applied)
+    assert isinstance(wr.write(store, batch), Applied)
     assert raw.lrange(first, 0, -1) == ["m3", "m1"] and raw.lrange(second, 0, -1) == ["m2"]
 
 
 def test_a_lease_set_after_it_was_dropped_in_the_same_batch_is_kept(store: RedisStore) -> None:
     run_id = _run_id()
-    assert isinstance(cm.write(store, Batch(run_id).lease("a", None).lease("a", 1030.0)), Applied)
+    assert isinstance(wr.write(store, Batch(run_id).lease("a", None).lease("a", 1030.0)), Applied)
     assert store.lease_of(run_id, "a") == 1030.0
 
 
@@ -392,7 +393,7 @@ def test_a_failing_observer_is_recorded_in_the_run(store: RedisStore, settings: 
 
 def test_refresh_reads_again_every_field_the_snapshot_read(store: RedisStore, raw: redis.Redis) -> None:
     run_id = _run_id()
-    cm.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_CONTROL, "a"))
+    wr.write(store, Batch(run_id).set(fld.F_WORKFLOW, "wf").set(fld.F_CONTROL, "a"))
     snap = store.snapshot(run_id, [fld.F_CONTROL, fld.F_STATUS])
     raw.hset(k.RunKeys.of(run_id).run, mapping={fld.F_CONTROL: "b", fld.F_STATUS: "running"})
     assert (snap.control, snap.get(fld.F_STATUS)) == ("a", None)

@@ -30,8 +30,8 @@ from taskloop.define.context import LoopContext, Signal, StreamSink, TaskContext
 from taskloop.define.options import LoopCheck
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
-from taskloop.runtime.commit import write
 from taskloop.runtime.judge import judge
+from taskloop.runtime.writes import write
 from taskloop.store.redis_store import Applied, RedisStore
 
 JSON_FIX = "return None, bool, int, finite float, str, list or dict with str keys"
@@ -110,6 +110,7 @@ class Usage:
         self.key = key
         self.max_receipt_bytes = max_receipt_bytes
         self.round = round  # also counted per task and round (what a fork carries over with the round)
+        self.reported: dict[str, int] = {}  # what this phase reported (the hooks' PhaseEnded.usage)
 
     def _fields(self, name: str) -> list[str]:
         per_round = [fld.task_usage_field(self.key, self.round, name)] if self.key and self.round else []
@@ -121,6 +122,8 @@ class Usage:
         self._tokens(counts)
 
     def _tokens(self, counts: dict[str, int]) -> None:
+        for name, amount in counts.items():
+            self.reported[name] = self.reported.get(name, 0) + amount
         if self.on_tokens is not None:
             self.on_tokens(counts.get("input", 0) + counts.get("output", 0))
 
@@ -143,12 +146,14 @@ class Usage:
 
 def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot, record: TaskRecord,
                   signal: Signal, phase: Phase | None, caps: Caps = DEFAULT_CAPS,
-                  on_tokens: Callable[[int], None] | None = None, stream: StreamSink | None = None) -> TaskContext:
+                  on_tokens: Callable[[int], None] | None = None, stream: StreamSink | None = None,
+                  usage: Usage | None = None) -> TaskContext:
     """The context of one phase (or, with ``phase=None``, of a condition or cache key: attempt 0).
     The run input and dependency values are read when the callback first asks for them; the model
     that until_llm, tl.llm_check and tl.llm_score ask is the runtime's (runtime/judge.py).
     ``on_tokens``: told the tokens each usage report adds (the phase's token rate limits);
-    ``stream``: where ``ctx.stream`` puts the phase's live text (streaming.py)."""
+    ``stream``: where ``ctx.stream`` puts the phase's live text (streaming.py); ``usage``: where its
+    ``ctx.report_usage`` counts (made here when None)."""
 
     def load_value(dep: str) -> Any:
         snap.ensure([fld.value_field(d) for d in task.after])
@@ -157,7 +162,8 @@ def build_context(store: RedisStore, workflow: Workflow, task: Task, snap: Snaps
     common: dict[str, Any] = dict(
         run_id=snap.run_id, workflow=workflow.name, key=task.key, load_input=lambda: snap.json(fld.F_INPUT),
         signal=signal, after=task.after, load_value=load_value,
-        usage=Usage(store, snap.run_id, task.key, caps.receipt, record.round if phase is not None else 0, on_tokens),
+        usage=usage or Usage(store, snap.run_id, task.key, caps.receipt, record.round if phase is not None else 0,
+                             on_tokens),
         load_activation=(lambda: snap.json(fld.activation_field(task.key))) if workflow.graph is not None else None,
         judge=judge, stream=stream,
     )

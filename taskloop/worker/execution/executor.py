@@ -36,8 +36,9 @@ from taskloop.core.records import TaskRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.core.states import Phase
 from taskloop.define.workflow import Workflow
-from taskloop.ops import metrics
+from taskloop.ops.hooks import Refused
 from taskloop.runtime.commit import Sender, begin
+from taskloop.runtime.instruments import hooks
 from taskloop.store.redis_store import RedisStore
 from taskloop.store.running import Begin, BeginReply
 from taskloop.worker.execution import deferred as deferring
@@ -181,7 +182,7 @@ class Executor:
         log.info("run %r task %r: refused a copy of %s round %s token %s, which this process runs now",
                  run_id, key, phase.value, round, token)
         self.store.incr_stat("stale_deliveries")
-        metrics.refused("stale")
+        hooks().delivery_refused(Refused("stale"))
         return Handled(Result.STALE, reason=f"a copy of {phase.value} round {round} token {token} runs here")
 
     def _fields(self, phase: Phase, key: str, round: int, name: str | None) -> list[str]:
@@ -277,7 +278,7 @@ class Executor:
             log.warning("%s %r not found (never started, or expired); dropping %s round %s",
                         what, snap.run_id, phase.value, round)
             self.store.incr_stat("dropped_unknown_run")
-            metrics.refused("unknown run")
+            hooks().delivery_refused(Refused("unknown run"))
             return Handled(Result.DROPPED, reason=f"{what} not found")
         try:
             record = snap.record(key)

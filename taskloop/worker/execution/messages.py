@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from taskloop.base import names
 from taskloop.base.text import cut, shown
 from taskloop.core import reads
-from taskloop.ops import metrics
+from taskloop.ops.hooks import Refused
+from taskloop.runtime.instruments import hooks
 from taskloop.worker.execution import replies
 
 log = logging.getLogger("taskloop.messages")
@@ -163,6 +164,16 @@ def carried_of(request: Any) -> Carried | None:
         return None
 
 
+TRACE_HEADER = "traceparent"  # the W3C trace context of a phase message (the hooks': ops/tracing.py)
+
+
+def traceparent_of(headers: Any) -> str | None:
+    """A phase message's ``traceparent`` header (from its request's headers or attributes), or None
+    when it has none or not a short text (a hook parses it)."""
+    found = headers.get(TRACE_HEADER) if isinstance(headers, dict) else getattr(headers, TRACE_HEADER, None)
+    return found if isinstance(found, str) and len(found) <= 128 else None
+
+
 def positional(args: tuple[Any, ...], kwargs: dict[str, Any], *fields: str) -> dict[str, Any]:
     """A message's positional arguments by name (ValueError when there are others, or keywords)."""
     if kwargs or len(args) != len(fields):
@@ -200,5 +211,5 @@ def refuse(task: str, problem: str, args: tuple[Any, ...] = (), kwargs: dict[str
     """Refuse a malformed message: logged on one line, counted, and the IGNORED reply for Celery."""
     log.error("malformed %s message dropped: %s (args %s, kwargs %s)", task, shown(problem), shown(args),
               shown(sorted(kwargs or {})))
-    metrics.refused("malformed")
+    hooks().delivery_refused(Refused("malformed"))
     return replies.ignored(f"malformed: {problem}")

@@ -99,14 +99,16 @@ def prepare(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ..
 
 
 def execute(app: Celery, phase: Phase, hostname: str | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-            name: str | None = None, carried: messages.Carried | None = None) -> str:
-    """One phase message, its callback included, in this thread or greenlet: the reply Celery records.
-    A store outage after the callback ran raises StoreUnavailable (its outcome was retried for
-    TASKLOOP_RECORD_OUTAGE_S; its lease replays it)."""
+            name: str | None = None, carried: messages.Carried | None = None, traceparent: str | None = None) -> str:
+    """One phase message, its callback included, in this thread or greenlet: the reply Celery records
+    (``traceparent``: the trace context it carried, for the hooks). A store outage after the callback
+    ran raises StoreUnavailable (its outcome was retried for TASKLOOP_RECORD_OUTAGE_S; its lease
+    replays it)."""
     prepared = prepare(app, phase, hostname, args, kwargs, name, carried)
     if isinstance(prepared, str):
         return prepared
     worker, call = prepared
+    call.traceparent = traceparent
     return reply_of(worker.run(call))
 
 

@@ -10,8 +10,9 @@ from taskloop.core import fields as fld
 from taskloop.core.batch import Batch
 from taskloop.core.records import TaskRecord
 from taskloop.core.states import Phase
-from taskloop.ops import metrics
-from taskloop.runtime.commit import write
+from taskloop.ops.hooks import Refused
+from taskloop.runtime.instruments import hooks
+from taskloop.runtime.writes import write
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker.execution.handled import Handled, Result
 
@@ -24,7 +25,7 @@ def stale(store: RedisStore, run_id: str, record: TaskRecord, phase: Phase, roun
               f"({record.state.value} round {record.round} token {record.token})")
     log.info("run %r task %r: refused stale delivery: %s", run_id, record.key, reason)
     count(store, run_id, "stale_deliveries")
-    metrics.refused("stale")
+    hooks().delivery_refused(Refused("stale"))
     return Handled(Result.STALE, reason=reason)
 
 
@@ -33,7 +34,7 @@ def superseded(store: RedisStore, run_id: str, begun: TaskRecord) -> Handled:
     log.warning("run %r task %r: phase was taken over while it ran (token %s); its outcome is discarded",
                 run_id, begun.key, begun.token)
     count(store, run_id, "stale_commits")
-    metrics.refused("superseded")
+    hooks().delivery_refused(Refused("superseded"))
     return Handled(Result.SUPERSEDED, reason="outcome of a superseded execution discarded")
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskloop.base import clock
 from taskloop.base.limits import Caps
 from taskloop.core import outcomes
 from taskloop.core.outcomes import Outcome
@@ -31,8 +32,10 @@ from taskloop.core.states import Phase
 from taskloop.define.context import Signal, TaskContext
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
+from taskloop.ops.hooks import Hooks, PhaseBegan, PhaseEnded
+from taskloop.runtime.instruments import hooks
 from taskloop.store.redis_store import RedisStore
-from taskloop.worker.execution.callbacks import build_context, call_phase
+from taskloop.worker.execution.callbacks import Usage, acall_phase, build_context, call_phase
 from taskloop.worker.execution.deferred import Deferred
 from taskloop.worker.execution.handled import Handled
 from taskloop.worker.execution.recording import Recorder
@@ -61,6 +64,8 @@ class Call:
     renew: Callable[[float], None] | None = None  # renews its limit slots with its lease
     on_end: list[Callable[[], None]] = field(default_factory=list)  # run once it is recorded (the executor's)
     stream: PhaseStream | None = None  # its live text (ctx.stream): written before its outcome is recorded
+    usage: Usage | None = None  # what its ctx.report_usage counted (told to the hooks when it ends)
+    traceparent: str | None = None  # the W3C trace context its message carried (told to the hooks)
 
     @property
     def phase(self) -> Phase:
@@ -98,9 +103,10 @@ def make_call(store: RedisStore, workflow: Workflow, task: Task, snap: Snapshot,
     held = holding.held if holding is not None else None
     tokens = limiter.token_counter(store, held) if held is not None else None
     stream = phase_stream(store.url, snap.run_id, task.key, record.round, phase.value)
-    ctx = build_context(store, workflow, task, snap, record, signal, phase, caps, tokens, stream)
+    usage = Usage(store, snap.run_id, task.key, caps.receipt, record.round, tokens)
+    ctx = build_context(store, workflow, task, snap, record, signal, phase, caps, tokens, stream, usage)
     renew = limiter.slot_renewer(store, held) if held is not None else None
-    return Call(workflow, task, snap, record, signal, ctx, holding, deferred, renew, stream=stream)
+    return Call(workflow, task, snap, record, signal, ctx, holding, deferred, renew, stream=stream, usage=usage)
 
 
 def overrun(call: Call, recorder: Recorder, reason: str) -> Handled:
@@ -142,5 +148,53 @@ def end_stream(call: Call) -> None:
 
 
 def call_sync(call: Call, caps: Caps) -> Outcome:
-    """Call the callback here (a sync pool's thread or greenlet, or the asyncio pool's thread pool)."""
-    return call_phase(call.task, call.phase, call.ctx, call.snap, caps)
+    """Call the callback here (a sync pool's thread or greenlet, or the asyncio pool's thread pool),
+    between the hooks' ``phase_began`` and ``phase_ended`` (in this thread: what a hook makes
+    current, the callback sees)."""
+    told = hooks()
+    began = _began(call, told)
+    try:
+        outcome = call_phase(call.task, call.phase, call.ctx, call.snap, caps)
+    except BaseException as exc:
+        _ended(call, told, began, None, exc)
+        raise
+    _ended(call, told, began, outcome)
+    return outcome
+
+
+async def call_async(call: Call, caps: Caps) -> Outcome:
+    """``call_sync`` for an ``async def`` callback, awaited on the running event loop (a task of its
+    own on the asyncio pool's loop: the hooks are told inside it)."""
+    told = hooks()
+    began = _began(call, told)
+    try:
+        outcome = await acall_phase(call.task, call.phase, call.ctx, call.snap, caps)
+    except BaseException as exc:
+        _ended(call, told, began, None, exc)
+        raise
+    _ended(call, told, began, outcome)
+    return outcome
+
+
+def _began(call: Call, told: Hooks) -> PhaseBegan | None:
+    if not (told.wants("phase_began") or told.wants("phase_ended")):
+        return None
+    record = call.record
+    began = PhaseBegan(call.snap.run_id, call.workflow.name, call.workflow.version, call.task.key, record.round,
+                       call.phase.value, record.attempts, record.worker, clock.now(), call.traceparent)
+    told.phase_began(began)
+    return began
+
+
+def _ended(call: Call, told: Hooks, began: PhaseBegan | None, outcome: Outcome | None,
+           exc: BaseException | None = None) -> None:
+    """What the callback came to, told to the hooks (``exc``: it was interrupted: a cancel of its
+    task, the process ending)."""
+    if began is None:
+        return
+    usage = dict(call.usage.reported) if call.usage is not None else {}
+    if outcome is None:
+        told.phase_ended(PhaseEnded(began, "interrupted", clock.now(), exception=exc, usage=usage))
+        return
+    told.phase_ended(PhaseEnded(began, outcome.kind.value, clock.now(), outcome.error, outcome.exception,
+                                outcome.score, usage))

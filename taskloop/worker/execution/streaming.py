@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from taskloop.base.config import Settings, settings
 from taskloop.core.streamed import Piece
-from taskloop.ops import metrics
+from taskloop.ops.hooks import ChunkStreamed, StreamDropped, StreamWritten
+from taskloop.runtime.instruments import hooks
 from taskloop.store.streams import StreamWriter
 
 log = logging.getLogger("taskloop.streaming")
@@ -108,9 +109,12 @@ class PhaseStream:
                     self.used += kept_size
                 urgent = self._pending >= FLUSH_BYTES or self._capped
         if reason:
-            metrics.stream_dropped(reason, 1, size - kept_size)
+            hooks().stream_dropped(StreamDropped(reason, 1, size - kept_size))
         if kept or urgent:
             self.flusher().wake(self, urgent)
+        told = hooks()
+        if told.wants("chunk_streamed"):
+            told.chunk_streamed(ChunkStreamed(self.run_id, self.task, self.round, self.phase, size))
 
     def take(self) -> Taken | None:
         """What to write now (None: nothing)."""
@@ -129,7 +133,7 @@ class PhaseStream:
             self._dropped += taken.piece.dropped + taken.size
             if taken.piece.capped:
                 self._cap_marked = False
-        metrics.stream_dropped("unavailable", taken.chunks, taken.size)
+        hooks().stream_dropped(StreamDropped("unavailable", taken.chunks, taken.size))
 
     def end(self) -> concurrent.futures.Future[None] | None:
         """The phase is over: nothing more is taken, and what is left is written now. Returns the
@@ -240,7 +244,7 @@ class Flusher:
                             "and the text they stream is dropped until it does", len(taken), exc)
             self._down = True
             return
-        metrics.stream_written()
+        hooks().stream_written(StreamWritten(len(taken)))
         if self._down:
             log.warning("live text is written again")
             self._down = False

@@ -47,8 +47,9 @@ from taskloop.define.context import TaskContext
 from taskloop.define.limits import Concurrency
 from taskloop.define.tasks import Task
 from taskloop.define.workflow import Workflow
-from taskloop.ops import metrics
-from taskloop.runtime.commit import write
+from taskloop.ops.hooks import LimitWaited, Throttled
+from taskloop.runtime.instruments import hooks
+from taskloop.runtime.writes import write
 from taskloop.store.limit_store import Admission
 from taskloop.store.redis_store import RedisStore
 
@@ -254,16 +255,17 @@ def record_throttled(store: RedisStore, run_id: str, key: str, raw_record: str, 
                             **({"value": admission.value} if admission.value else {}),
                             **({"retry_at": admission.retry_at} if admission.retry_at is not None else {})}))
     write(store, batch)
-    metrics.throttled(admission.limit or "?")
+    hooks().limit_throttled(Throttled(run_id, key, waiter.round, waiter.phase, admission.limit or "?"))
 
 
 def note_waited(note: str, now: float) -> None:
-    """A phase that waited starts now: how long it waited (metrics)."""
+    """A phase that waited starts now: how long it waited (the hooks: metrics)."""
     try:
         found = json.loads(note)
-        metrics.waited(str(found.get("limit")), now - float(found.get("since") or now))
+        waited = LimitWaited(str(found.get("limit")), now - float(found.get("since") or now))
     except (ValueError, TypeError):
-        pass
+        return
+    hooks().limit_waited(waited)
 
 
 def leave(store: RedisStore, note: str) -> None:

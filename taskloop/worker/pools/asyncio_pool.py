@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from taskloop.base.config import settings
 from taskloop.core import reads
-from taskloop.worker.execution import process, replies
+from taskloop.worker.execution import messages, process, replies
 from taskloop.worker.pools.frames import PhaseFrame, Reader, ReplyFrame, StopFrame, pack
 from taskloop.worker.pools.loop_process import LOOP_ENV
 
@@ -255,7 +255,8 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery is untyped
             frame = PhaseFrame(id=request.id, task=request.type, args=list(request.args or ()),
                                kwargs=dict(request.kwargs or {}), name=request.name, hostname=request.hostname,
                                carry=headers.get(reads.CARRY_HEADER), queued_at=headers.get(reads.QUEUED_AT_HEADER),
-                               redelivered=bool(headers.get("redelivered") or info.get("redelivered")))
+                               redelivered=bool(headers.get("redelivered") or info.get("redelivered")),
+                               traceparent=messages.traceparent_of(headers))
             item.started = time.monotonic()
             self.pending[request.id] = item
             if item.accept is not None:

@@ -29,6 +29,7 @@ class PhaseFrame(BaseModel):
     carry: list[str | None] | None = None  # the tl_carry header (core/reads.py)
     queued_at: float | None = None  # the tl_at header
     redelivered: bool = False
+    traceparent: str | None = None  # the W3C trace context it carried (messages.traceparent_of)
 
 
 class ReplyFrame(BaseModel):

@@ -182,6 +182,7 @@ class LoopProcess:
         if isinstance(prepared, str):
             return {"reply": prepared}
         worker, call = prepared
+        call.traceparent = frame.traceparent
         return {"reply": process.reply_of(await self._call_phase(worker, call))}
 
     def _scripts(self, worker: Any) -> Any:
@@ -234,7 +235,7 @@ class LoopProcess:
         ``ctx.signal``), and only it: its step's round trips are this loop's, as an async one's."""
         from taskloop.core.outcomes import Outcome
         from taskloop.core.phases import EventKind
-        from taskloop.worker.execution import callbacks, running
+        from taskloop.worker.execution import running
 
         try:
             inner: asyncio.Future[Any]
@@ -242,8 +243,7 @@ class LoopProcess:
                 missing = [name for name in _context_fields(call) if name not in call.snap.fields]
                 if missing:  # read now, not lazily inside the callback, where it would hold up the loop
                     call.snap.ensure(missing)
-                task = self.loop.create_task(callbacks.acall_phase(call.task, call.phase, call.ctx, call.snap,
-                                                                   worker.caps))
+                task = self.loop.create_task(running.call_async(call, worker.caps))
 
                 def cancel(reason: str) -> None:
                     self.loop.call_soon_threadsafe(task.cancel)

@@ -49,11 +49,13 @@ from taskloop.core.rules import CANCEL_PREFIX
 from taskloop.core.snapshot import RunMeta, Snapshot
 from taskloop.core.states import QUEUED_STATES, RUNNING_STATES, RunStatus
 from taskloop.define.workflow import REGISTRY, Workflow
-from taskloop.ops import metrics
-from taskloop.runtime.commit import Sender, commit, write
+from taskloop.ops.hooks import Reconciled
+from taskloop.runtime.commit import Sender, commit
 from taskloop.runtime.fleet import WorkerInfo, read_holdings
 from taskloop.runtime.gates import settle_gates
+from taskloop.runtime.instruments import hooks
 from taskloop.runtime.starting import plan_pending
+from taskloop.runtime.writes import write
 from taskloop.store import keys as k
 from taskloop.store.compacted import Whole
 from taskloop.store.redis_store import Conflict, RedisStore
@@ -170,7 +172,7 @@ def reconcile(store: RedisStore, settings: Settings, send: Sender, now: float | 
             or report.unbegun_replayed:
         log.info("reconcile: %s", report)
     store.note_reconcile(json.dumps({"at": now, **asdict(report)}))
-    metrics.reconciled(report)
+    hooks().reconciled(Reconciled(asdict(report)))
     return report
 
 
