@@ -6,6 +6,7 @@
                                               # sizes, cancel, models
     python -m bench.run --only models --workloads 1000 --systems celery-threads,taskloop-asyncio
     python -m bench.run --json out.json       # also keep the raw figures
+    python -m bench.run --only loops --tracing   # taskloop with OpenTelemetry tracing on (taskloop[otel])
 
 The loops are measured against three systems (issue 24), each in the same invocation:
 ``baseline``, a hand-rolled Celery loop at Celery's own defaults (bench/baseline.py);
@@ -40,6 +41,10 @@ the same redis-server (started here, AOF everysec). Sections:
   asyncio against the hand-rolled Celery loop on threads and gevent at the same concurrency; the
   fraction of the limit (concurrency / phase time), the ratio, worker CPU per step and peak RSS.
   About 35 minutes in all (10,000 in flight: 20 s phases).
+
+With ``--tracing``, taskloop's workers and this process (the starter) trace (SPEC §14): they
+export every span over OTLP/HTTP to a sink on 127.0.0.1 (bench/otlp_sink.py), which counts them;
+the other systems are untouched.
 
 The script exits non-zero if any run or loop ends in the wrong state, so speed never hides a
 wrong answer.
@@ -334,9 +339,29 @@ def section_cancel(tl: TaskLoopSystem, args: argparse.Namespace) -> dict[str, An
     return {"tries": tries, "max_landed_s": max(t["landed_s"] for t in tries)}
 
 
+def traced(env: dict[str, str]) -> tuple[dict[str, str], Any]:
+    """taskloop's environment with tracing on, exporting to a sink of its own (``--tracing``); this
+    process traces too (its starts)."""
+    import importlib.util
+
+    from bench.otlp_sink import Sink
+
+    sink = Sink().start()
+    found = importlib.util.find_spec("opentelemetry.sdk")
+    assert found is not None and found.submodule_search_locations, "--tracing needs taskloop[otel]"
+    where = str(Path(found.submodule_search_locations[0]).parents[1])
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_SERVICE_NAME": "bench"}
+    os.environ.update(otel)
+    return {**env, **otel, "PYTHONPATH": f"{env['PYTHONPATH']}:{where}"}, sink
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     server, logdir, env = bench_redis()
-    baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
+    sink = None
+    tl_env = env
+    if args.tracing:
+        tl_env, sink = traced(env)
+    baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, tl_env, logdir)
     pair: list[System] = [baseline, tl]
     # the loops are measured against three: Celery's defaults, the same with taskloop's kombu fix,
     # and the durable floor (issue 24); the other sections against Celery's defaults
@@ -381,6 +406,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for system in systems:
             system.stop_workers()
         server.stop()
+        if sink is not None:
+            results["spans_exported"] = sink.spans
+            print(f"tracing: {sink.spans} spans exported to the sink", flush=True)
+            sink.stop()
     return results
 
 
@@ -502,6 +531,8 @@ def main() -> None:
                         help=f"comma-separated sections, from {', '.join(SECTIONS)}")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--tracing", action="store_true",
+                        help="taskloop with OpenTelemetry tracing on, exporting to a local sink (taskloop[otel])")
     scaling.add_arguments(parser)
     models.add_arguments(parser)
     args = parser.parse_args()

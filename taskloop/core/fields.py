@@ -32,6 +32,7 @@ F_ACTIVE = "n:active"  # tasks with a phase queued or running
 F_PAUSED = "n:paused"  # gates waiting for a decision
 F_FORKED_FROM = "forked"  # a fork: JSON {"run_id", "task", "round"} of the run and round it was forked from
 F_COPIED = "copied"  # a fork: JSON {"tasks": [kept keys], "rounds": {task: rounds copied}, "usage": {...}}
+F_TRACE = "tc"  # the W3C trace context a run was started in (a traceparent; ops/otel.py), when tracing was on
 META_FIELDS = (F_FORMAT, F_WORKFLOW, F_VERSION, F_FINGERPRINT, F_CREATED, F_FINISHED, F_STATUS, F_CONTROL,
                F_TERMINATION, F_REJECTED, F_OPEN, F_ACTIVE, F_PAUSED, F_ERROR, F_FORKED_FROM)
 F_COMPACT = "z"  # present ("1") once the finished run was compacted: its data is in the run's compact record

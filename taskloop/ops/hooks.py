@@ -6,9 +6,10 @@ registered in one place (taskloop/runtime/instruments.py), and the core paths ca
 dispatcher, ``Hooks``, at each point. What a hook receives is a typed, frozen record (below).
 
 The points, each a method of ``Hook``: a run started, a write committed (its events), a run
-ended; a phase began and ended (around its callback), a chunk streamed, the live text written or
-dropped; a phase throttled by a fleet limit and how long it waited; a message refused; a
-reconcile pass.
+ended; a phase began and ended (around its callback), a model asked, a chunk streamed, the live
+text written or dropped; a phase throttled by a fleet limit and how long it waited; a message
+refused; a reconcile pass. Two points answer: the context a run is started in (stored with it),
+and the headers of a phase message (both for tracing: the W3C trace context).
 
 A hook that raises is logged and skipped: it never changes an outcome. A point no hook listens
 to costs a tuple check (``Hooks.wants``): with no exporter on, nothing is built or imported.
@@ -31,6 +32,27 @@ if TYPE_CHECKING:
     from taskloop.store.redis_store import RedisStore
 
 log = logging.getLogger("taskloop.ops.hooks")
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarting:
+    """A run about to be written by a start in this process (by definition, by name, a fork)."""
+
+    run_id: str
+    workflow: str
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A phase message about to be sent (built by the outbox or by Celery). ``stored_context`` reads
+    the context its run was started in (``tc``: one read; None when it has none)."""
+
+    run_id: str
+    key: str
+    round: int
+    phase: str
+    stored_context: Callable[[], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +122,20 @@ class PhaseEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelAsked:
+    """The runtime's model answered (or failed) a question of ``tl.llm_check``, ``tl.llm_score`` or
+    ``until_llm``, inside the callback that asked: ``model``, when (``at`` to ``ended``), the
+    tokens it took, and the error (its type name) when it failed."""
+
+    model: str | None
+    at: float
+    ended: float
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseRef:
     """Which phase: of which run, task and round."""
 
@@ -165,6 +201,15 @@ class Hook:
     """One concern's implementation of the interface: override the methods you need (the others
     are never called). Calls come from many threads; keep them short."""
 
+    def run_context(self, run: RunStarting) -> str | None:
+        """A run is being started here: the context it starts in (a W3C traceparent), stored with
+        it, or None. The first hook's answer is kept."""
+        return None
+
+    def message_headers(self, message: Outgoing) -> dict[str, str] | None:
+        """A phase message is being sent: headers to put on it (``traceparent``), or None."""
+        return None
+
     def run_started(self, run: RunStarted) -> None:
         """A write started a run (told after its ``committed``)."""
 
@@ -181,6 +226,9 @@ class Hook:
 
     def phase_ended(self, phase: PhaseEnded) -> None:
         """The callback returned or raised (same thread or task as ``phase_began``)."""
+
+    def model_asked(self, asked: ModelAsked) -> None:
+        """The runtime's model answered a question (in the callback that asked, after the call)."""
 
     def chunk_streamed(self, chunk: ChunkStreamed) -> None:
         """A callback gave ``ctx.stream`` a text (called inside the callback: keep it short)."""
@@ -205,8 +253,8 @@ class Hook:
         """A reconcile pass ended."""
 
 
-POINTS = ("run_started", "run_ended", "committed", "phase_began", "phase_ended",
-          "chunk_streamed", "stream_written", "stream_dropped", "limit_throttled", "limit_waited",
+POINTS = ("run_context", "message_headers", "run_started", "run_ended", "committed", "phase_began", "phase_ended",
+          "model_asked", "chunk_streamed", "stream_written", "stream_dropped", "limit_throttled", "limit_waited",
           "delivery_refused", "reconciled")
 
 
@@ -221,7 +269,7 @@ class Hooks(Hook):
                          if getattr(type(hook), point) is not getattr(Hook, point))
             for point in POINTS}
         for point in POINTS:
-            if point != "committed":
+            if point not in ("committed", "run_context", "message_headers"):
                 setattr(self, point, functools.partial(self._each, point))
 
     def wants(self, point: str) -> bool:
@@ -230,10 +278,28 @@ class Hooks(Hook):
 
     def _each(self, point: str, arg: Any) -> None:
         for fn in self._at[point]:
-            try:
-                fn(arg)
-            except Exception:  # instrumentation never breaks a loop
-                log.exception("instrumentation hook %s.%s failed", type(getattr(fn, "__self__", fn)).__name__, point)
+            self._call(fn, point, arg)
+
+    @staticmethod
+    def _call(fn: Callable[[Any], Any], point: str, arg: Any) -> Any:
+        try:
+            return fn(arg)
+        except Exception:  # instrumentation never breaks a loop
+            log.exception("instrumentation hook %s.%s failed", type(getattr(fn, "__self__", fn)).__name__, point)
+            return None
+
+    def run_context(self, run: RunStarting) -> str | None:
+        for fn in self._at["run_context"]:
+            found = self._call(fn, "run_context", run)
+            if found:
+                return str(found)
+        return None
+
+    def message_headers(self, message: Outgoing) -> dict[str, str] | None:
+        headers: dict[str, str] = {}
+        for fn in self._at["message_headers"]:
+            headers.update(self._call(fn, "message_headers", message) or {})
+        return headers or None
 
     def committed(self, write: Committed) -> None:
         """A write, then the run it started or ended (told from its events)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,11 +17,15 @@ from taskloop.base.errors import OutboxUnsupported
 from taskloop.celery_fixes.connection import AMQP
 from taskloop.celery_fixes.outbox import collect
 from taskloop.connections import broker
+from taskloop.core import fields as fld
 from taskloop.core import reads
 from taskloop.core.begin import Dispatch
 from taskloop.core.limits import Waiter
 from taskloop.define.workflow import Workflow
+from taskloop.ops.hooks import Outgoing
 from taskloop.runtime import outbox
+from taskloop.runtime.instruments import hooks
+from taskloop.store.redis_store import RedisStore
 
 log = logging.getLogger("taskloop.runtime.celery_app")
 
@@ -47,6 +52,7 @@ REQUIRED: dict[str, Any] = {
     "task_reject_on_worker_lost": True,
 }
 
+PHASE_TASKS = frozenset({"taskloop.attempt", "taskloop.check", "taskloop.run"})  # args: run_id, key, round, token
 START_TASK = "taskloop.start"  # plan a run recorded by name (or start one from any Celery client)
 DISPATCH_TASK = "taskloop.dispatch"  # send the phase messages of many queued tasks of one run
 SETTLE_TASK = "taskloop.settle"  # end what no message will (the paused gates of a cancelled run)
@@ -96,6 +102,7 @@ class Message:
     countdown: float | None = None
     # the fields whose values the write that queues it puts into it (core/reads.py; the outbox only)
     carry: list[str] | None = None
+    headers: dict[str, str] | None = None  # the hooks' (a phase message's traceparent)
 
     def send(self, app: Celery, producer: Any = None) -> None:
         options: dict[str, Any] = {}
@@ -105,6 +112,8 @@ class Message:
             options["queue"] = self.queue
         if self.countdown:
             options["countdown"] = self.countdown
+        if self.headers:
+            options["headers"] = self.headers
         app.send_task(self.task, args=self.args, shadow=self.shadow, argsrepr=self.argsrepr, ignore_result=True,
                       **options)
 
@@ -142,10 +151,6 @@ def send_phase(app: Celery, workflow: Workflow, run_id: str, dispatch: Dispatch,
     phase_message(workflow, run_id, dispatch).send(app, producer)
 
 
-def send_waiter(app: Celery, waiter: Waiter, producer: Any = None) -> None:
-    waiter_message(waiter).send(app, producer)
-
-
 def send_fanout(app: Celery, workflow: Workflow, run_id: str, keys: Sequence[str], producer: Any = None) -> None:
     fanout_message(workflow, run_id, keys).send(app, producer)
 
@@ -179,6 +184,8 @@ class PhaseSender:
         self.ahead = ahead
         self._producer: Any = None
         self._lock = threading.Lock()
+        self.store_url = store_url
+        self._store: RedisStore | None = None  # made when a hook asks for a run's stored context
         self.folds = store_url is not None and outbox.same_redis(app.conf.broker_url, store_url) \
             and not app.conf.task_send_sent_event  # a "sent" event must not announce an unwritten plan
         self.builder = outbox.Builder(app)
@@ -207,8 +214,8 @@ class PhaseSender:
         with self._lock:
             try:
                 producer = self._acquire()
-                for waiter in waiters:
-                    send_waiter(self.app, waiter, producer)
+                for message in self.headed([waiter_message(waiter) for waiter in waiters]):
+                    message.send(self.app, producer)
             except Exception:
                 self._release()
                 raise
@@ -219,9 +226,8 @@ class PhaseSender:
     def _push_ahead(self, waiters: Sequence[Waiter]) -> bool:
         """Push the waiters' messages at the front of their queues (False: some message needs send_task)."""
         by_queue: dict[str, list[str]] = {}
-        for waiter in waiters:
-            m = waiter_message(waiter)
-            push = self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown)
+        for m in self.headed([waiter_message(waiter) for waiter in waiters]):
+            push = self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown, extra=m.headers)
             if push is None:
                 return False
             by_queue.setdefault(push[0], []).append(push[1])
@@ -234,9 +240,9 @@ class PhaseSender:
         """The Redis commands that publish these messages (None: send them after the write)."""
         if not self.folds:
             return None
-        messages = messages_of(workflow, run_id, dispatches, carry=self.builder.usable)
-        built = [self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown, m.carry is not None)
-                 for m in messages]
+        messages = self.headed(messages_of(workflow, run_id, dispatches, carry=self.builder.usable))
+        built = [self.builder.push(m.task, m.args, m.shadow, m.argsrepr, m.queue, m.countdown, m.carry is not None,
+                                   m.headers) for m in messages]
         if all(push is not None for push in built):
             return [("lpush", (*push, m.carry) if m.carry is not None else push)
                     for push, m in zip(built, messages, strict=True) if push is not None]
@@ -257,7 +263,27 @@ class PhaseSender:
         return self._producer
 
     def _locked_publish(self, workflow: Workflow, run_id: str, dispatches: Sequence[Dispatch]) -> None:
-        self._locked_send(messages_of(workflow, run_id, dispatches))
+        self._locked_send(self.headed(messages_of(workflow, run_id, dispatches)))
+
+    def headed(self, messages: list[Message]) -> list[Message]:
+        """The messages, a phase's with the headers the hooks give it (tracing: its ``traceparent``);
+        as they are when no hook gives any."""
+        told = hooks()
+        if not told.wants("message_headers"):
+            return messages
+        return [replace(m, headers=told.message_headers(Outgoing(
+            str(m.args[0]), str(m.args[1]), int(m.args[2]), m.task.rpartition(".")[2],
+            functools.partial(self.stored_context, str(m.args[0]))))) if m.task in PHASE_TASKS else m
+            for m in messages]
+
+    def stored_context(self, run_id: str) -> str | None:
+        """The context a run was started in (``tc``), read from the store (one read, when a hook
+        asks for a run it does not know)."""
+        if self.store_url is None:
+            return None
+        if self._store is None:
+            self._store = RedisStore(self.store_url, retries=2)
+        return self._store.hmget(run_id, [fld.F_TRACE])[0]
 
     def _locked_send(self, messages: Sequence[Message]) -> None:
         producer = self._acquire()
@@ -271,6 +297,9 @@ class PhaseSender:
     def close(self) -> None:
         with self._lock:
             self._release()
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
     def _release(self) -> None:
         producer, self._producer = self._producer, None

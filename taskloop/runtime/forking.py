@@ -24,9 +24,11 @@ from taskloop.core.checks import encode_given
 from taskloop.core.planner import Planner
 from taskloop.core.snapshot import Snapshot
 from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.ops.hooks import RunStarting
 from taskloop.runtime import shapes
 from taskloop.runtime.commit import Sender, commit, never
-from taskloop.runtime.starting import new_run_id
+from taskloop.runtime.instruments import hooks
+from taskloop.runtime.starting import new_run_id, traced
 from taskloop.store.redis_store import RedisStore
 
 
@@ -52,9 +54,11 @@ def fork(store: RedisStore, send: Sender, settings: Settings, run_id: str, task:
     new = new_run_id(new_id)
     shapes.publish(store, workflow, settings)
     planning = forks.plan_graph_fork if workflow.graph is not None else forks.plan_fork
+    context = hooks().run_context(RunStarting(new, workflow.name, workflow.version))
 
     def plan(view: Snapshot) -> Planner:
-        return planning(workflow, run_id, fields, new, task, round, feedback_raw, clock.now(), settings, actor)
+        return traced(planning(workflow, run_id, fields, new, task, round, feedback_raw, clock.now(), settings,
+                               actor), context)
 
     try:
         commit(store, plan, Snapshot(new), send, retry=never)

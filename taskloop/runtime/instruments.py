@@ -3,6 +3,9 @@ a run tells, and to whom. The core paths call ``hooks()`` and one method of it a
 
 - Prometheus metrics (ops/metrics.py ``MetricsHook``), where they are exported
   (``TASKLOOP_METRICS=1``, set by ``taskloop worker --metrics-port``);
+- OpenTelemetry tracing (ops/otel.py ``TracingHook``), where it is on (ops/tracing.py: the
+  ``OTEL_*`` variables, or the application's own TracerProvider; off, opentelemetry is not
+  imported);
 - the workflows' observers (runtime/observing.py ``ObserverHook``), always.
 
 - the hooks an application adds (``add_hook``, ``tl.add_hook``: an exporter of its own).
@@ -13,20 +16,30 @@ Another of taskloop's concerns is a ``Hook`` added to ``registered`` (docs/archi
 
 from __future__ import annotations
 
+import sys
+import time
+
 from taskloop.base.errors import DefinitionError
-from taskloop.ops import metrics
+from taskloop.ops import metrics, tracing
 from taskloop.ops.hooks import Hook, Hooks
 from taskloop.runtime.observing import ObserverHook
 
 _hooks: Hooks | None = None
+_traced = False  # tracing was on when the hooks were registered
+_looked = 0.0  # when hooks() last looked for a TracerProvider the application set since
 _added: list[Hook] = []
 
 
 def registered() -> list[Hook]:
     """This process's hooks, in the order each point calls them."""
+    global _traced
     found: list[Hook] = []
     if metrics.enabled():
         found.append(metrics.MetricsHook())
+    traced = tracing.hook()
+    _traced = traced is not None
+    if traced is not None:
+        found.append(traced)
     found.append(ObserverHook())
     return [*found, *_added]
 
@@ -43,10 +56,15 @@ def add_hook(hook: Hook) -> None:
 
 
 def hooks() -> Hooks:
-    """The dispatcher of this process's hooks (made on first use)."""
-    global _hooks
+    """The dispatcher of this process's hooks (made on first use, and again once the application
+    sets a TracerProvider of its own after it)."""
+    global _hooks, _looked
     if _hooks is None:
         _hooks = Hooks(registered())
+    elif not _traced and "opentelemetry.trace" in sys.modules and time.monotonic() - _looked >= 1.0:
+        _looked = time.monotonic()  # (redis-py imports opentelemetry by itself: look at most once a second)
+        if tracing.app_provider_set():
+            _hooks = Hooks(registered())
     return _hooks
 
 

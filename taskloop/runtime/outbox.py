@@ -69,10 +69,12 @@ class Builder:
         return self._queues[name]
 
     def push(self, task: str, args: list[Any], shadow: str, argsrepr: str, queue: str | None,
-             countdown: float | None = None, carry: bool = False) -> tuple[str, str] | None:
+             countdown: float | None = None, carry: bool = False,
+             extra: dict[str, str] | None = None) -> tuple[str, str] | None:
         """(the queue's list, the payload to LPUSH), or None when this message needs send_task.
         ``carry``: the message gets the headers of one that carries fields (core/reads.py), its
-        values left null for cas.lua to fill in."""
+        values left null for cas.lua to fill in; ``extra``: headers of the hooks (``traceparent``),
+        as ``send_task(headers=...)`` adds them."""
         if not self.usable or countdown:
             return None
         found = self._queue(queue or self.app.conf.task_default_queue)
@@ -92,6 +94,8 @@ class Builder:
             "origin": self._origin(), "ignore_result": True, "replaced_task_nesting": 0,
             "stamped_headers": None, "stamps": {},
         }
+        if extra:
+            headers.update(extra)
         if carry:
             headers[reads.QUEUED_AT_HEADER] = clock.now()
             headers[reads.CARRY_HEADER] = None

@@ -33,8 +33,10 @@ from taskloop.core.records import ErrorRecord
 from taskloop.core.snapshot import Snapshot
 from taskloop.core.states import QUEUED_STATES, RunStatus
 from taskloop.define.workflow import REGISTRY, Workflow
+from taskloop.ops.hooks import RunStarting
 from taskloop.runtime import shapes
 from taskloop.runtime.commit import Sender, commit, never
+from taskloop.runtime.instruments import hooks
 from taskloop.runtime.writes import write
 from taskloop.store.redis_store import Applied, RedisStore
 
@@ -70,9 +72,10 @@ def start_defined(store: RedisStore, send: Sender, workflow: Workflow, input: An
     input_raw, input_digest = prepare_input(input, settings.max_input_bytes)
     run_id = new_run_id(run_id)
     now = clock.now()
+    context = hooks().run_context(RunStarting(run_id, workflow.name, workflow.version))
 
     def plan(snap: Snapshot) -> Planner:
-        return Planner.start_run(workflow, run_id, input_raw, input_digest, now, settings)
+        return traced(Planner.start_run(workflow, run_id, input_raw, input_digest, now, settings), context)
 
     shapes.publish(store, workflow, settings)
     try:
@@ -99,11 +102,22 @@ def record_pending(store: RedisStore, name: str, version: str | None, input: Any
                          (fld.F_INPUT_DIGEST, input_digest), (fld.F_CREATED, repr(now))):
         batch.set(field, value)
     batch.event(Event(type=ev.RUN_PENDING, at=now, data={"workflow": name, "version": version}))
+    context = hooks().run_context(RunStarting(run_id, name, version))
+    if context is not None:  # kept when a worker plans it
+        batch.set(fld.F_TRACE, context)
     if isinstance(write(store, batch), Applied):
         return Started(run_id, created=True, pending=True)
     existing = store.snapshot(run_id, START_FIELDS)
     _same_run(existing, name, version, input, input_digest)
     return Started(run_id, created=False, pending=existing.get(fld.F_STATUS) == RunStatus.PENDING.value)
+
+
+def traced(planner: Planner, context: str | None) -> Planner:
+    """A new run's plan, with the context it is started in (the hooks' ``run_context``: a trace
+    context, stored in ``tc``), if any."""
+    if context is not None:
+        planner.run_updates[fld.F_TRACE] = context
+    return planner
 
 
 def plan_pending(store: RedisStore, send: Sender, run_id: str, settings: Settings) -> str:

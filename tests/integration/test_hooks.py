@@ -23,9 +23,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("hooks-redis")).start()
-    yield server
-    server.stop()
+    """This module's own Redis (conftest's ``client`` and ``probe`` use it)."""
+    with RedisServer(tmp_path_factory.mktemp("hooks-redis")) as server:
+        yield server
 
 
 def _worker(url: str, tmp_path: Path, pool: str | None = None) -> WorkerProcess:

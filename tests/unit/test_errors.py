@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 
@@ -17,6 +18,8 @@ from taskloop.core.states import Termination
 # raised by taskloop to itself, caught inside (the UI's answer 403, the CLI's one line)
 INTERNAL = {"IllegalTransition", "Superseded", "LimitRefused", "OutboxUnsupported", "UIRefused", "ActionRefused",
             "PoolRefused"}
+# the modules of an extra, and what they need: imported only when it is installed (taskloop[otel])
+EXTRAS = {"taskloop.ops.otel": "opentelemetry"}
 
 
 def test_every_error_class_lives_in_base_errors_and_derives_from_taskloop_error() -> None:
@@ -24,6 +27,8 @@ def test_every_error_class_lives_in_base_errors_and_derives_from_taskloop_error(
     for module in pkgutil.walk_packages(tl.__path__, "taskloop."):
         if module.name.endswith("__main__"):
             continue  # running it would run the command line
+        if module.name in EXTRAS and importlib.util.find_spec(EXTRAS[module.name]) is None:
+            continue
         loaded = importlib.import_module(module.name)
         for name, value in vars(loaded).items():
             if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.name:
