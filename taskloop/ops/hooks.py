@@ -8,7 +8,7 @@ dispatcher, ``Hooks``, at each point. What a hook receives is a typed, frozen re
 The points, each a method of ``Hook``: a run started, a write committed (its events), a run
 ended; a phase began and ended (around its callback), a model asked, a chunk streamed, the live
 text written or dropped; a phase throttled by a fleet limit and how long it waited; a message
-refused; a reconcile pass. Two points answer: the context a run is started in (stored with it),
+refused; a reconcile pass; a worker process ending. Two points answer: the context a run is started in (stored with it),
 and the headers of a phase message (both for tracing: the W3C trace context).
 
 A hook that raises is logged and skipped: it never changes an outcome. A point no hook listens
@@ -252,10 +252,14 @@ class Hook:
     def reconciled(self, report: Reconciled) -> None:
         """A reconcile pass ended."""
 
+    def process_ending(self, pid: int) -> None:
+        """The worker process ``pid`` is about to end (a pool process may skip ``atexit``): send what
+        is buffered now."""
+
 
 POINTS = ("run_context", "message_headers", "run_started", "run_ended", "committed", "phase_began", "phase_ended",
           "model_asked", "chunk_streamed", "stream_written", "stream_dropped", "limit_throttled", "limit_waited",
-          "delivery_refused", "reconciled")
+          "delivery_refused", "reconciled", "process_ending")
 
 
 class Hooks(Hook):

@@ -205,6 +205,11 @@ class TracingHook(Hook):
             span.set_status(Status(StatusCode.ERROR, asked.error))
         span.end(end_time=_ns(asked.ended))
 
+    def process_ending(self, pid: int) -> None:
+        flush = getattr(self.provider, "force_flush", None)
+        if flush is not None:
+            flush(5_000)
+
     # what ended, from the history -----------------------------------------------------------
     def committed(self, write: Committed) -> None:
         ended = list(dict.fromkeys(e.key for e in write.events

@@ -12,6 +12,7 @@ reconcile pass (beat).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -21,6 +22,7 @@ from taskloop.base.config import settings
 from taskloop.base.errors import PoolRefused
 from taskloop.core.states import Phase
 from taskloop.runtime import celery_app as taskloop_app
+from taskloop.runtime.instruments import hooks
 from taskloop.store.redis_store import RedisStore
 from taskloop.worker import pools
 from taskloop.worker.execution import messages, process, replies, running, starter
@@ -35,6 +37,14 @@ from taskloop.worker.recovery.reconciler import ReconcilerThread, reconcile
 from taskloop.worker.supervisor import EXIT_BAD_IMPORT
 
 log = logging.getLogger("taskloop.tasks")
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _ending(**_: Any) -> None:
+    """A pool process (which ends without ``atexit``) or the worker's main process ends: the hooks
+    send what they buffer (tracing: its spans)."""
+    hooks().process_ending(os.getpid())
 
 
 @signals.worker_process_init.connect

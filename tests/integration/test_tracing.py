@@ -254,6 +254,24 @@ def test_the_same_with_the_broker_on_another_redis(client: TaskLoop, starter: An
             found.wait(30)
 
 
+def test_a_worker_that_stops_sends_the_spans_it_buffered(client: TaskLoop, starter: Any, receiver: Receiver,
+                                                          redis_server: RedisServer, tmp_path: Path) -> None:
+    """Its pool processes end without ``atexit``: the hooks' ``process_ending`` flushes them."""
+    found = WorkerProcess(redis_server.url, IMPORTS, tmp_path / "w.log", name="buf", queues="buffered",
+                          env=traced_env(receiver, OTEL_BSP_SCHEDULE_DELAY="600000")).ready()
+    try:
+        run_id, trace_id, request = started(client, starter, tf.buffered)
+        assert client.wait(run_id, timeout=30).status == "done"
+        time.sleep(1.0)
+        assert [s.name for s in receiver.of_trace(trace_id)] == ["request"]  # the worker's are buffered
+    finally:
+        found.terminate()
+        found.wait(30)
+    named = trace_of(receiver, trace_id, 5)  # request, run, task, round, phase
+    check_run(named, request, run_id, "traced-buffered")
+    under(one(named, "run once"), one(named, "round once"))
+
+
 def test_with_tracing_off_a_worker_imports_no_opentelemetry(client: TaskLoop, starter: Any, probe: redis.Redis,
                                                             redis_server: RedisServer, tmp_path: Path) -> None:
     """redis-py (8.x) imports opentelemetry's metrics API and SDK by itself when they are installed

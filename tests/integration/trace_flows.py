@@ -63,5 +63,8 @@ traced_gate = tl.define_workflow("traced-gate", version="1", tasks=[
 traced_judged = tl.define_workflow("traced-judged", version="1", tasks=[
     tl.define_loop_task("essay", attempt=lambda ctx, feedback: f"essay {ctx.round}",
                         check=tl.llm_check("Is this essay done?"), max_rounds=3)])
+# on a queue of its own: only the worker that buffers its spans takes it
+buffered = tl.define_workflow("traced-buffered", version="1", tasks=[
+    tl.define_task("once", run=lambda ctx: 1, queue="buffered")])
 # on a queue of its own: only the worker with tracing off takes it
 untraced = tl.define_workflow("untraced", version="1", tasks=[tl.define_task("look", run=loaded, queue="untraced")])
