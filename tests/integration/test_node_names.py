@@ -96,7 +96,10 @@ def test_status_lists_workers_by_their_heartbeats(server: RedisServer, tmp_path:
         procs["stopped"].wait(30)
         view, _ = status_json(server.url)
         assert set(view["workers"]) == {f"stays@{host}", f"killed@{host}"}, view["workers"]  # type: ignore[arg-type]
-        for pid in _tree(procs["killed"].pid):  # the supervisor, Celery's main process and its pool at once
+        # Celery's pool, its main process, then the supervisor, at once: the other way round, the
+        # supervisor's death sends its Celery worker SIGTERM (PR_SET_PDEATHSIG, worker/boot.py), which
+        # could start a warm shutdown (and its heartbeat's removal) before that worker's own SIGKILL
+        for pid in reversed(_tree(procs["killed"].pid)):
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         while True:
