@@ -6,7 +6,7 @@
                                               # sizes, cancel, models
     python -m bench.run --only models --workloads 1000 --systems celery-threads,taskloop-asyncio
     python -m bench.run --json out.json       # also keep the raw figures
-    python -m bench.run --only loops --tracing   # taskloop with OpenTelemetry tracing on (taskloop[otel])
+    python -m bench.run --only loops --tracing   # and taskloop with OpenTelemetry tracing on (taskloop[otel])
 
 The loops are measured against three systems (issue 24), each in the same invocation:
 ``baseline``, a hand-rolled Celery loop at Celery's own defaults (bench/baseline.py);
@@ -42,9 +42,11 @@ the same redis-server (started here, AOF everysec). Sections:
   fraction of the limit (concurrency / phase time), the ratio, worker CPU per step and peak RSS.
   About 35 minutes in all (10,000 in flight: 20 s phases).
 
-With ``--tracing``, taskloop's workers and this process (the starter) trace (SPEC §14): they
-export every span over OTLP/HTTP to a sink on 127.0.0.1 (bench/otlp_sink.py), which counts them;
-the other systems are untouched.
+With ``--tracing`` (``loops``), a fifth system, ``taskloop-traced``, is taskloop with tracing on
+(SPEC §14): its workers export every span over OTLP/HTTP to a sink on 127.0.0.1
+(bench/otlp_sink.py), which counts them, and the ratios ``taskloop / taskloop-traced`` are paired
+within the invocation, interleaved like the others. This process, which starts both taskloops'
+runs, traces then (a run's context, each message's header: a few microseconds per start).
 
 The script exits non-zero if any run or loop ends in the wrong state, so speed never hides a
 wrong answer.
@@ -355,17 +357,34 @@ def traced(env: dict[str, str]) -> tuple[dict[str, str], Any]:
     return {**env, **otel, "PYTHONPATH": f"{env['PYTHONPATH']}:{where}"}, sink
 
 
+class TracedTaskLoop(TaskLoopSystem):
+    """taskloop with tracing on (``--tracing``), on a queue of its own (bench/traced_config.py)."""
+
+    name = "taskloop-traced"
+    queue = "taskloop-traced"
+
+    def __init__(self, server: RedisServer, env: dict[str, str], logdir: Path) -> None:
+        from taskloop import TaskLoop
+        from taskloop.runtime.celery_app import make_app
+
+        super().__init__(server, {**env, "TASKLOOP_CELERY_CONFIG": "bench.traced_config"}, logdir)
+        self.client.close()
+        app = make_app(self.client.settings)
+        app.conf.task_default_queue = self.queue
+        self.client = TaskLoop(self.url, app=app)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     server, logdir, env = bench_redis()
-    sink = None
-    tl_env = env
-    if args.tracing:
-        tl_env, sink = traced(env)
-    baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, tl_env, logdir)
+    baseline, tl = Baseline(server, env, logdir), TaskLoopSystem(server, env, logdir)
     pair: list[System] = [baseline, tl]
     # the loops are measured against three: Celery's defaults, the same with taskloop's kombu fix,
     # and the durable floor (issue 24); the other sections against Celery's defaults
     systems: list[System] = [baseline, BaselineKombu(server, env, logdir), DurableFloor(server, env, logdir), tl]
+    sink = None
+    if args.tracing:
+        traced_env, sink = traced(env)
+        systems.append(TracedTaskLoop(server, traced_env, logdir))
     results: dict[str, Any] = {"quick": args.quick, "repeats": args.repeats}
     try:
         for section in args.only:
@@ -423,9 +442,11 @@ def report(results: dict[str, Any]) -> str:
         if section not in results:
             continue
         found = results[section]
-        names = [n for n in ("baseline", "baseline-kombu", "durable", "taskloop") if n in found["accept"]]
+        names = [n for n in ("baseline", "baseline-kombu", "durable", "taskloop-traced", "taskloop")
+                 if n in found["accept"]]
         heads = {"baseline": "hand-rolled, Celery defaults", "baseline-kombu": "hand-rolled + kombu fix",
-                 "durable": "durable floor (+ Lua CAS + XADD)", "taskloop": "taskloop"}
+                 "durable": "durable floor (+ Lua CAS + XADD)", "taskloop-traced": "taskloop, tracing on",
+                 "taskloop": "taskloop"}
         others = [n for n in names if n != "taskloop"]
         lines += [f"### Loops, {title}", "",
                   "| measure | " + " | ".join(heads[n] for n in names) + " | "
@@ -532,7 +553,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each loop figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--tracing", action="store_true",
-                        help="taskloop with OpenTelemetry tracing on, exporting to a local sink (taskloop[otel])")
+                        help="loops: also taskloop with OpenTelemetry tracing on, exporting to a local sink "
+                             "(taskloop[otel])")
     scaling.add_arguments(parser)
     models.add_arguments(parser)
     args = parser.parse_args()
