@@ -1,11 +1,12 @@
-"""The asyncio pool's pool process (``python -m taskloop.worker.pools.loop_process FD``, started by
-asyncio_pool.py): thousands of phases in flight on one event loop.
+"""The pool process of the asyncio and threads pools (``python -m taskloop.worker.pools.loop_process
+FD``, started by asyncio_pool.py): thousands of phases in flight on one event loop.
 
 It reads phase messages from the worker's main process (frames.py) and, for each, on its loop:
 prepares the phase (worker/execution/executor.py: the read or the begin, the full path), awaits an
 ``async def`` callback as a task of its own, watched by the process's watcher, whose signal (a
 deadline, a cancelled run) cancels the task: the callback sees ``asyncio.CancelledError``; runs a
-sync callback on a thread pool instead (``TASKLOOP_SYNC_THREADS``); records the outcome; and sends
+sync callback on a thread pool instead (``TASKLOOP_SYNC_THREADS`` threads; ``-c`` on the threads
+pool), and only the callback; records the outcome; and sends
 back the reply. The loop makes the round trips of a step itself: this process has no Celery
 consumer to share its interpreter lock with, so a round trip costs the loop its latency and
 nothing more.
